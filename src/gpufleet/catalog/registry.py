@@ -1,0 +1,184 @@
+"""The catalog: built-in YAML shipped in the package plus user files, validated into typed records.
+
+User files (`--catalog FILE|DIR`, or the `GPUFLEET_CATALOG` environment variable, paths separated by
+the OS path separator) have the same shape as the built-in ones: a mapping from kind (`gpus`, `nodes`,
+`networks`, `models`, …) to a list of records. A user record with an existing id replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
+from gpufleet.errors import CatalogError, UnknownNameError
+
+ENV_VAR = "GPUFLEET_CATALOG"
+
+#: kind name -> record type. Other packages' record kinds register here (see `register_kind`).
+KINDS: dict[str, type[Record]] = {
+    "gpus": GPUSpec,
+    "nodes": NodeSpec,
+    "networks": NetworkSpec,
+    "models": ModelSpec,
+}
+
+R = TypeVar("R", bound=Record)
+
+
+def register_kind(kind: str, record_type: type[Record]) -> None:
+    """Let a module add a kind of catalog record (e.g. prices) without editing this file's table."""
+    KINDS.setdefault(kind, record_type)
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """First pydantic error as 'field: message' — one line for the user."""
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "record"
+    return f"{location}: {first['msg']}"
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse one YAML file; a syntax error becomes a one-line CatalogError."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise CatalogError(f"cannot read catalog file {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise CatalogError(f"catalog file {path}{where} is not valid YAML") from error
+
+
+def _builtin_files() -> list[Path]:
+    data = resources.files("gpufleet.catalog") / "data"
+    return sorted(Path(str(entry)) for entry in data.iterdir() if entry.name.endswith(".yaml"))
+
+
+def _expand(paths: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise CatalogError(f"catalog path {path} does not exist (give a YAML file or a folder of them)")
+    return files
+
+
+def user_catalog_paths(explicit: Sequence[str | Path] = ()) -> tuple[Path, ...]:
+    """Paths from the environment variable first, then explicit `--catalog` paths (later wins)."""
+    env = [p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p]
+    return tuple(Path(p) for p in [*env, *explicit])
+
+
+@dataclass
+class Catalog:
+    """Records by kind and id. Built lazily per kind; user files override built-in ids."""
+
+    user_paths: tuple[Path, ...] = ()
+    _raw: dict[str, list[tuple[Path, dict[str, Any]]]] | None = field(default=None, repr=False)
+    _records: dict[str, dict[str, Record]] = field(default_factory=dict, repr=False)
+
+    def _raw_entries(self) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+        if self._raw is None:
+            raw: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+            for path in [*_builtin_files(), *_expand(self.user_paths)]:
+                document = read_yaml(path)
+                if document is None:
+                    continue
+                if not isinstance(document, dict):
+                    raise CatalogError(f"catalog file {path} must be a mapping of kind -> list of records")
+                for kind, entries in document.items():
+                    if not isinstance(entries, list):
+                        raise CatalogError(f"catalog file {path}: '{kind}' must be a list of records")
+                    for entry in entries:
+                        if not isinstance(entry, dict):
+                            raise CatalogError(f"catalog file {path}: every item of '{kind}' must be a mapping")
+                        raw.setdefault(str(kind), []).append((path, entry))
+            self._raw = raw
+        return self._raw
+
+    def records(self, kind: str) -> dict[str, Record]:
+        """All records of a kind, by id (validated on first use)."""
+        if kind not in self._records:
+            record_type = KINDS.get(kind)
+            if record_type is None:
+                raise UnknownNameError("catalog kind", kind, KINDS)
+            built: dict[str, Record] = {}
+            for path, entry in self._raw_entries().get(kind, []):
+                try:
+                    record = record_type.model_validate(entry)
+                except ValidationError as error:
+                    label = entry.get("id", "?")
+                    raise CatalogError(
+                        f"catalog file {path}: {kind} entry {label!r}: {describe_validation_error(error)}"
+                    ) from error
+                built[record.id] = record
+            self._records[kind] = built
+        unknown = set(self._raw_entries()) - set(KINDS)
+        if unknown:
+            raise CatalogError(f"unknown catalog kind(s) {sorted(unknown)}; known: {sorted(KINDS)}")
+        return self._records[kind]
+
+    def get(self, kind: str, name: str, record_type: type[R]) -> R:
+        """One record by id, or UnknownNameError with the nearest ids."""
+        found = self.records(kind)
+        if name not in found:
+            raise UnknownNameError(kind.rstrip("s"), name, found)
+        record = found[name]
+        if not isinstance(record, record_type):
+            raise CatalogError(f"{kind} entry {name!r} is not a {record_type.__name__}")
+        return record
+
+    def gpu(self, name: str) -> GPUSpec:
+        return self.get("gpus", name, GPUSpec)
+
+    def node(self, name: str) -> NodeSpec:
+        return self.get("nodes", name, NodeSpec)
+
+    def network(self, name: str) -> NetworkSpec:
+        return self.get("networks", name, NetworkSpec)
+
+    def model(self, name: str) -> ModelSpec:
+        return self.get("models", name, ModelSpec)
+
+    def node_for_gpu(self, gpu_id: str) -> NodeSpec:
+        """The catalog's default node for a GPU (the first node record that holds it)."""
+        self.gpu(gpu_id)
+        for node in self.records("nodes").values():
+            if isinstance(node, NodeSpec) and node.gpu == gpu_id:
+                return node
+        raise CatalogError(f"no node in the catalog holds GPU {gpu_id!r}; add one under 'nodes:'")
+
+    def find(self, name: str) -> tuple[str, Record]:
+        """Look a name up across every kind (for `catalog show`)."""
+        for kind in KINDS:
+            if name in self.records(kind):
+                return kind, self.records(kind)[name]
+        every = [n for kind in KINDS for n in self.records(kind)]
+        raise UnknownNameError("catalog entry", name, every)
+
+
+@cache
+def _cached(user_paths: tuple[Path, ...]) -> Catalog:
+    return Catalog(user_paths)
+
+
+def load_catalog(explicit: Sequence[str | Path] = ()) -> Catalog:
+    """The catalog with the environment's and the caller's user files (cached per set of paths)."""
+    return _cached(user_catalog_paths(explicit))
+
+
+def as_plain(record: BaseModel) -> dict[str, Any]:
+    """A record as JSON-ready data."""
+    return record.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,83 @@
+"""The one object that owns what the CLI prints: tables or JSON on stdout, one-line errors, exit codes.
+
+Exit codes: 0 success; 1 a check the user asked for failed (verify found bad files, a job does not
+fit); 2 the user's input is wrong (unknown name, bad flag value, malformed file).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(value)
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/nan: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+@dataclass
+class Output:
+    """Formatting, `--json` and exit codes for one command invocation."""
+
+    json_mode: bool = False
+    console: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
+    err_console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+
+    def emit(self, data: dict[str, Any], render: Callable[[Console], None]) -> None:
+        """Print `data` as JSON in --json mode, else call `render` to draw it for people."""
+        if self.json_mode:
+            text = json.dumps(_finite(json.loads(json.dumps(data, default=_json_default))), indent=2)
+            sys.stdout.write(text + "\n")
+        else:
+            render(self.console)
+
+    def warn(self, message: str) -> None:
+        """A warning on stderr (never mixed into JSON on stdout)."""
+        self.err_console.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
+
+    def fail(self, message: str, code: int = EXIT_USAGE) -> NoReturn:
+        """One line on stderr, then exit with `code`."""
+        fail(message, code)
+
+    def exit(self, code: int) -> NoReturn:
+        raise typer.Exit(code)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print `error: message` as one line on stderr and exit."""
+    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+    raise SystemExit(code)
+
+
+JSON_OPTION_HELP = "Print machine-readable JSON on stdout instead of tables."

@@ -1,0 +1,91 @@
+"""Parse human quantities at the edges ("15T" tokens, "1GiB", "30d", "2:1"); the code uses SI base units."""
+
+from __future__ import annotations
+
+import re
+
+from gpufleet.errors import InputError
+
+_COUNT_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+_BYTES_SUFFIX = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_DURATION_SUFFIX = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+
+
+def parse_count(text: str, what: str = "count") -> float:
+    """'15T' -> 1.5e13; '2.5B' -> 2.5e9; plain numbers pass through. Must be > 0."""
+    match = re.fullmatch(_NUMBER + r"\s*([kmbgtp]?)", text.strip().lower())
+    if not match:
+        raise InputError(f"{what} {text!r} is not a number with an optional suffix (k, M, B, T), e.g. 15T")
+    value = float(match.group(1)) * _COUNT_SUFFIX[match.group(2)]
+    if value <= 0:
+        raise InputError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+def parse_bytes(text: str, what: str = "size") -> float:
+    """'1GiB' -> 2**30, '4GB' -> 4e9, '512M' -> 512 MiB. Must be > 0."""
+    match = re.fullmatch(_NUMBER + r"\s*([a-z]*)", text.strip().lower())
+    if not match or match.group(2) not in _BYTES_SUFFIX:
+        raise InputError(f"{what} {text!r} is not a byte size such as 1GiB, 512MiB, 4GB")
+    value = float(match.group(1)) * _BYTES_SUFFIX[match.group(2)]
+    if value <= 0:
+        raise InputError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+def parse_duration_s(text: str, what: str = "duration") -> float:
+    """'30d' -> 2592000 s; '12h', '90min', '45s'. Must be > 0."""
+    match = re.fullmatch(_NUMBER + r"\s*(s|m|min|h|d|w)", text.strip().lower())
+    if not match:
+        raise InputError(f"{what} {text!r} is not a duration such as 30d, 12h, 90min")
+    value = float(match.group(1)) * _DURATION_SUFFIX[match.group(2)]
+    if value <= 0:
+        raise InputError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+def parse_ratio(text: str, what: str = "oversubscription") -> float:
+    """'4:1' -> 4.0, '1:1' -> 1.0, '2' -> 2.0. Must be >= 1."""
+    match = re.fullmatch(_NUMBER + r"(?:\s*:\s*" + _NUMBER + r")?", text.strip())
+    if not match:
+        raise InputError(f"{what} {text!r} is not a ratio such as 2:1 or 4:1")
+    denominator = float(match.group(2)) if match.group(2) else 1.0
+    if denominator <= 0:
+        raise InputError(f"{what} {text!r} has a zero denominator")
+    value = float(match.group(1)) / denominator
+    if value < 1:
+        raise InputError(f"{what} must be at least 1:1, got {text!r}")
+    return value
+
+
+def parse_int_list(text: str, what: str = "list") -> list[int]:
+    """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> powers of two from 64 to 512; '64-512:64' -> step 64."""
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        range_match = re.fullmatch(r"(\d+)\s*-\s*(\d+)(?::(\d+))?", part)
+        if range_match:
+            low, high = int(range_match.group(1)), int(range_match.group(2))
+            if low <= 0 or high < low:
+                raise InputError(f"{what} range {part!r} must be LOW-HIGH with 0 < LOW <= HIGH")
+            if range_match.group(3):
+                step = int(range_match.group(3))
+                if step <= 0:
+                    raise InputError(f"{what} step in {part!r} must be positive")
+                values.extend(range(low, high + 1, step))
+            else:
+                value = low
+                while value <= high:
+                    values.append(value)
+                    value *= 2
+        elif part.isdigit() and int(part) > 0:
+            values.append(int(part))
+        else:
+            raise InputError(f"{what} {part!r} must be a positive integer, a list 64,128 or a range 64-1024")
+    return values
