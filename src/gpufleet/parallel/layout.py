@@ -1,0 +1,129 @@
+"""Layout: how a job is split over GPUs, and the one routine that checks it against model and cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gpufleet.catalog.records import ModelSpec
+from gpufleet.errors import LayoutError
+
+Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"]
+Recompute = Literal["none", "selective", "full"]
+SHARDINGS: tuple[Sharding, ...] = ("none", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
+#: Megatron's rank order, fastest-varying first.
+DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Parallel degrees and memory-saving choices of one plan (Megatron conventions).
+
+    tp*cp*dp*pp == GPUs. ep is carved out of dp*cp (expert layers re-use those ranks), as in Megatron-Core.
+    vpp is the number of virtual stages per pipeline rank (1 = plain 1F1B). `hsdp_group` is the
+    FSDP shard-group size for hsdp (replicated across dp / hsdp_group).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    sequence_parallel: bool = False
+    sharding: Sharding = "none"
+    micro_batch: int = 1
+    recompute: Recompute = "none"
+    offload_optimizer: bool = False
+    hsdp_group: int = 8
+    order: tuple[str, ...] = DEFAULT_ORDER
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def with_(self, **changes: object) -> Layout:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def short(self) -> str:
+        """Compact label such as 'tp8 pp4 vpp2 dp16 mb1 zero1 sel'."""
+        parts = [f"tp{self.tp}"]
+        if self.sequence_parallel and self.tp > 1:
+            parts[-1] += "+sp"
+        parts.append(f"pp{self.pp}")
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        parts.append(f"dp{self.dp}")
+        parts.append(f"mb{self.micro_batch}")
+        if self.sharding != "none":
+            parts.append(self.sharding)
+        if self.recompute != "none":
+            parts.append({"selective": "sel", "full": "full-rc"}[self.recompute])
+        if self.offload_optimizer:
+            parts.append("offload")
+        return " ".join(parts)
+
+
+def micro_batches_per_step(layout: Layout, global_batch: int) -> int:
+    """Micro-batches each pipeline runs per optimizer step (gradient accumulation steps)."""
+    return global_batch // (layout.dp * layout.micro_batch)
+
+
+def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: int, seq_len: int) -> None:
+    """Raise LayoutError naming the first broken constraint (every degree printed in the message)."""
+    degrees = f"tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} vpp={layout.vpp}"
+
+    def broken(constraint: str, why: str) -> LayoutError:
+        return LayoutError(constraint, f"invalid layout ({degrees}, micro_batch={layout.micro_batch}): {why}")
+
+    for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
+        if getattr(layout, name) < 1:
+            raise broken("positive", f"{name} must be at least 1")
+    if layout.sharding not in SHARDINGS:
+        raise broken("sharding", f"sharding must be one of {', '.join(SHARDINGS)}")
+    if layout.recompute not in RECOMPUTES:
+        raise broken("recompute", f"recompute must be one of {', '.join(RECOMPUTES)}")
+    if layout.gpus != gpus:
+        raise broken("product", f"tp*pp*cp*dp = {layout.gpus} but the cluster has {gpus} GPUs")
+    if model.heads % layout.tp:
+        raise broken("tp-heads", f"tp={layout.tp} must divide the {model.heads} attention heads")
+    if model.kv_heads % layout.tp and layout.tp % model.kv_heads:
+        raise broken("tp-kv-heads", f"tp={layout.tp} and kv_heads={model.kv_heads}: one must divide the other")
+    if layout.pp > model.layers:
+        raise broken("pp-layers", f"pp={layout.pp} exceeds the model's {model.layers} layers")
+    if model.layers % (layout.pp * layout.vpp):
+        raise broken(
+            "pp-layers",
+            f"pp*vpp={layout.pp * layout.vpp} must divide the {model.layers} layers evenly",
+        )
+    if layout.vpp > 1 and layout.pp == 1:
+        raise broken("vpp", "vpp > 1 needs pipeline parallelism (pp > 1)")
+    if seq_len % layout.cp:
+        raise broken("cp-seq", f"cp={layout.cp} must divide the sequence length {seq_len}")
+    if layout.cp > 1 and (seq_len // layout.cp) % 2:
+        raise broken("cp-seq", f"seq/cp = {seq_len // layout.cp} must be even (load-balanced causal CP)")
+    if layout.sequence_parallel and seq_len % (layout.tp * layout.cp):
+        raise broken("sp-seq", f"sequence parallel needs tp*cp={layout.tp * layout.cp} to divide {seq_len}")
+    if layout.ep > 1:
+        if model.moe is None:
+            raise broken("ep-moe", f"ep={layout.ep} needs a mixture-of-experts model")
+        if model.moe.experts % layout.ep:
+            raise broken("ep-experts", f"ep={layout.ep} must divide the {model.moe.experts} experts")
+        if (layout.dp * layout.cp * layout.tp) % layout.ep:
+            raise broken("ep-ranks", f"ep={layout.ep} must divide dp*cp*tp={layout.dp * layout.cp * layout.tp}")
+    if global_batch % layout.dp:
+        raise broken("dp-batch", f"dp={layout.dp} must divide the global batch {global_batch}")
+    if (global_batch // layout.dp) % layout.micro_batch:
+        raise broken(
+            "micro-batch",
+            f"micro_batch={layout.micro_batch} must divide the per-replica batch {global_batch // layout.dp}",
+        )
+    if layout.vpp > 1 and micro_batches_per_step(layout, global_batch) % layout.pp:
+        raise broken("vpp-microbatches", "interleaved schedules need micro-batches per step divisible by pp")
+    if layout.sharding == "hsdp" and (layout.dp % layout.hsdp_group or layout.hsdp_group < 2):
+        raise broken("hsdp", f"hsdp shard group {layout.hsdp_group} must divide dp={layout.dp}")
