@@ -1,0 +1,77 @@
+"""Cloud offers from the catalog and what a job costs on each."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpufleet.catalog.economics_records import CloudOffer
+from gpufleet.catalog.registry import Catalog
+from gpufleet.errors import CatalogError, InputError
+
+
+@dataclass(frozen=True)
+class OfferCost:
+    """One offer's bill for a job: whole nodes for the whole wall time."""
+
+    name: str
+    provider: str
+    sku: str
+    pricing: str
+    as_of: str
+    usd_per_gpu_hour: float
+    gpu_hours: float
+    usd: float
+
+
+def all_offers(catalog: Catalog) -> list[CloudOffer]:
+    return [offer for offer in catalog.records("cloud_offers").values() if isinstance(offer, CloudOffer)]
+
+
+def offers_for_gpu(catalog: Catalog, gpu_id: str, pricing: Iterable[str] | None = None) -> list[CloudOffer]:
+    """Offers for one GPU, cheapest first; optionally only some pricing models."""
+    wanted = set(pricing) if pricing is not None else None
+    found = [o for o in all_offers(catalog) if o.gpu == gpu_id and (wanted is None or o.pricing in wanted)]
+    return sorted(found, key=lambda offer: (offer.usd_per_gpu_hour, offer.id))
+
+
+def offer(catalog: Catalog, name: str) -> CloudOffer:
+    return catalog.get("cloud_offers", name, CloudOffer)
+
+
+def reference_offer(catalog: Catalog, gpu_id: str) -> CloudOffer:
+    """The default offer on-prem is compared against: the cheapest on-demand offer for that GPU."""
+    candidates = offers_for_gpu(catalog, gpu_id, pricing=["on-demand"])
+    if not candidates:
+        raise CatalogError(f"no on-demand cloud offer for GPU {gpu_id!r}; add one under 'cloud_offers:'")
+    return candidates[0]
+
+
+def billed_gpus(gpus: int, offer: CloudOffer) -> int:
+    """Clouds rent whole instances: round up to the offer's GPUs per node."""
+    if gpus < 1:
+        raise InputError(f"GPU count must be at least 1, got {gpus}")
+    return math.ceil(gpus / offer.gpus_per_node) * offer.gpus_per_node
+
+
+def cost_of_gpu_hours(offer: CloudOffer, gpu_hours: float) -> OfferCost:
+    if gpu_hours < 0 or not math.isfinite(gpu_hours):
+        raise InputError(f"GPU-hours must be a finite non-negative number, got {gpu_hours!r}")
+    return OfferCost(
+        name=offer.id,
+        provider=offer.provider,
+        sku=offer.sku,
+        pricing=offer.pricing,
+        as_of=offer.as_of,
+        usd_per_gpu_hour=offer.usd_per_gpu_hour,
+        gpu_hours=gpu_hours,
+        usd=gpu_hours * offer.usd_per_gpu_hour,
+    )
+
+
+def cost_of_job(offer: CloudOffer, gpus: int, wall_time_s: float) -> OfferCost:
+    """Bill for `gpus` GPUs (rounded up to whole instances) held for `wall_time_s`."""
+    if wall_time_s < 0:
+        raise InputError(f"wall time must not be negative, got {wall_time_s!r} s")
+    return cost_of_gpu_hours(offer, billed_gpus(gpus, offer) * wall_time_s / 3600.0)
