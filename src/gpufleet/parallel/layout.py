@@ -125,5 +125,5 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         )
     if layout.vpp > 1 and micro_batches_per_step(layout, global_batch) % layout.pp:
         raise broken("vpp-microbatches", "interleaved schedules need micro-batches per step divisible by pp")
-    if layout.sharding == "hsdp" and (layout.dp % layout.hsdp_group or layout.hsdp_group < 2):
+    if layout.sharding == "hsdp" and (layout.hsdp_group < 2 or layout.dp % layout.hsdp_group):
         raise broken("hsdp", f"hsdp shard group {layout.hsdp_group} must divide dp={layout.dp}")

@@ -1,0 +1,397 @@
+"""Memory per GPU by pipeline stage: weights, gradients, optimizer, activations, buffers, overhead.
+
+Pure closed forms over (ModelSpec, Layout); no per-layer loops for dense models. The planner calls
+`peak_stage_memory` for every candidate layout, so the per-model constants (parameters by kind, per-token
+activation terms) are cached per (model, tp, flash, dropout).
+
+Conventions (docs/memory.md has the full list with sources):
+
+* Mixed precision: weights 2 bytes/param (bf16/fp16); gradients fp32 (4 bytes), because Megatron-LM
+  accumulates into an fp32 `main_grad` buffer (set `grad_dtype="bf16"` for DeepSpeed-style 16-bit grads);
+  Adam states fp32 master + m + v = 12 bytes/param (K = 12 in the ZeRO paper). fp8 training keeps all of
+  that and adds 2 bytes per transformer-layer parameter for Transformer Engine's cached fp8 weight and its
+  transpose. `optimizer offload` moves the 12 bytes to CPU (ZeRO-Offload); gradients stay on the GPU.
+* Sharding over the data-parallel group dp·cp (Megatron shards its distributed optimizer over dp×cp, and
+  torchtitan folds cp into the FSDP mesh): zero1 optimizer; zero2 + gradients; zero3/fsdp + weights;
+  hsdp shards like fsdp over `hsdp_group`·cp and replicates across dp/hsdp_group.
+* Pipeline: rank r owns layers of chunks r, r+pp, …; the first rank adds the (vocab-parallel) embedding,
+  the last adds the final norm and the output head. Tied embeddings still live on both ends when pp > 1
+  (Megatron keeps a copy of the word embeddings on the last stage and all-reduces their gradients).
+* TP shards attention, dense-MLP and shared-expert matrices and the vocabulary; norms and router are
+  replicated.
+* Experts: EP splits the routed experts over ep ranks. Expert tensor parallelism etp = tp when ep divides
+  dp·cp (Megatron-Core's default `--expert-tensor-parallel-size` = tp), else etp = 1 (MoE parallel folding,
+  which `validate_layout` allows because it only asks that ep divide dp·cp·tp). Expert data parallelism is
+  then edp = dp·cp·tp/(ep·etp), and ZeRO/FSDP shard expert states over edp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from gpufleet.catalog.records import ModelSpec
+from gpufleet.errors import InputError
+from gpufleet.parallel.activations import (
+    ACT_BYTES,
+    LOGITS_BYTES_PER_ELEMENT,
+    LayerActivationTerms,
+    embedding_activation_bytes,
+    inflight_microbatches,
+    layer_bytes,
+    layer_terms,
+    output_activation_bytes,
+)
+from gpufleet.parallel.layout import Layout, micro_batches_per_step, validate_layout
+from gpufleet.workload.params import embedding_params, layer_params, output_params
+
+GradDtype = Literal["fp32", "bf16"]
+TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAssumptions:
+    """Judgement calls of the memory model, gathered so that callers and tests can vary them.
+
+    The overhead allowance is calibrated against torchtitan's published peak memory (docs/memory.md):
+    a fixed part for the CUDA context, cuBLAS/cuDNN workspaces and NCCL's internal buffers, and a
+    fraction of everything else for caching-allocator fragmentation.
+    """
+
+    grad_dtype: GradDtype = "fp32"
+    optimizer_bytes_per_param: float = 12.0  # fp32 master + Adam m + v
+    flash_attention: bool = True
+    dropout: bool = False
+    logits_bytes_per_element: float = LOGITS_BYTES_PER_ELEMENT  # 6 fused (Megatron); ~12 unfused fp32 upcast
+    dp_bucket_elements: float = (
+        40e6  # Megatron DDP's bucket size (elements) for grad reduce-scatter/all-reduce
+    )
+    overhead_fixed_bytes: float = 1.5 * GIB
+    overhead_fraction: float = 0.10
+
+    @property
+    def grad_bytes(self) -> float:
+        return 4.0 if self.grad_dtype == "fp32" else 2.0
+
+
+DEFAULT_ASSUMPTIONS = MemoryAssumptions()
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes per GPU of one pipeline stage, by kind."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    overhead_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.buffers_bytes
+            + self.overhead_bytes
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "weights": self.weights_bytes,
+            "gradients": self.gradients_bytes,
+            "optimizer": self.optimizer_bytes,
+            "activations": self.activations_bytes,
+            "buffers": self.buffers_bytes,
+            "overhead": self.overhead_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelConstants:
+    """Per-model numbers that do not depend on the layout (cached)."""
+
+    attention: int
+    norms: int
+    dense_mlp: int
+    routed_experts: int
+    shared_experts: int
+    router: int
+    vocab_embedding: int  # vocab × hidden
+    position_embedding: int
+    output_norm: int
+    dense_layers: int  # leading dense layers (all layers for a dense model)
+
+
+@lru_cache(maxsize=256)
+def _constants(model: ModelSpec) -> _ModelConstants:
+    dense = layer_params(model, 0)
+    moe_layer = layer_params(model, model.layers - 1) if model.moe is not None else dense
+    head = output_params(model) - (0 if model.tied_embeddings else model.vocab * model.hidden)
+    return _ModelConstants(
+        attention=dense.attention,
+        norms=dense.norms,
+        dense_mlp=dense.dense_mlp,
+        routed_experts=moe_layer.routed_experts,
+        shared_experts=moe_layer.shared_experts,
+        router=moe_layer.router,
+        vocab_embedding=model.vocab * model.hidden,
+        position_embedding=embedding_params(model) - model.vocab * model.hidden,
+        output_norm=head,
+        dense_layers=model.moe.dense_layers if model.moe is not None else model.layers,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _terms(model: ModelSpec, tp: int, moe_layer: bool, flash: bool, dropout: bool) -> LayerActivationTerms:
+    return layer_terms(model, tp, moe_layer=moe_layer, flash_attention=flash, dropout=dropout)
+
+
+def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
+    """(etp, edp): expert tensor- and data-parallel degrees under gpufleet's convention (module docstring)."""
+    if layout.ep == 1:
+        return layout.tp, layout.dp * layout.cp
+    etp = layout.tp if (layout.dp * layout.cp) % layout.ep == 0 else 1
+    return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
+
+
+def _dense_layers_on_stage(model: ModelSpec, layout: Layout, stage: int, dense_layers: int) -> int:
+    """How many of the stage's layers are dense (leading dense layers of an MoE model)."""
+    if dense_layers >= model.layers:
+        return model.layers // layout.pp
+    if dense_layers == 0:
+        return 0
+    chunk = model.layers // (layout.pp * layout.vpp)
+    count = 0
+    for k in range(layout.vpp):
+        start = (stage + k * layout.pp) * chunk
+        count += max(0, min(start + chunk, dense_layers) - start)
+    return count
+
+
+def _shard_degrees(layout: Layout, edp: int) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """((weights, grads, optimizer) divisor for dense params, same for expert params)."""
+    sharding = layout.sharding
+    if sharding == "none":
+        return (1, 1, 1), (1, 1, 1)
+    if sharding == "hsdp":
+        group = layout.hsdp_group * layout.cp
+        egroup = max(1.0, edp * layout.hsdp_group / layout.dp)
+        return (group, group, group), (egroup, egroup, egroup)
+    group = layout.dp * layout.cp
+    if sharding == "zero1":
+        return (1, 1, group), (1, 1, edp)
+    if sharding == "zero2":
+        return (1, group, group), (1, edp, edp)
+    return (group, group, group), (edp, edp, edp)  # zero3, fsdp
+
+
+def _check_inputs(seq_len: int, global_batch: int, precision: str) -> None:
+    if seq_len < 1:
+        raise InputError(f"sequence length must be at least 1, got {seq_len}")
+    if global_batch < 1:
+        raise InputError(f"global batch must be at least 1 sequence, got {global_batch}")
+    if precision not in TRAINING_PRECISIONS:
+        raise InputError(
+            f"precision {precision!r} is not a training precision; use {', '.join(TRAINING_PRECISIONS)}"
+        )
+
+
+def stage_memory(
+    model: ModelSpec,
+    layout: Layout,
+    *,
+    seq_len: int,
+    global_batch: int,
+    precision: str,
+    stage: int,
+    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> MemoryBreakdown:
+    """Bytes per GPU on pipeline rank `stage` (0-based). Does not validate the layout (the callers do)."""
+    if not 0 <= stage < layout.pp:
+        raise InputError(f"stage {stage} is outside 0..{layout.pp - 1}")
+    a = assumptions
+    c = _constants(model)
+    tp = layout.tp
+    etp, edp = expert_parallel_degrees(layout)
+    first, last = stage == 0, stage == layout.pp - 1
+
+    # --- parameters held by one GPU of this stage (before ZeRO/FSDP sharding)
+    n_layers = model.layers // layout.pp
+    n_dense = _dense_layers_on_stage(model, layout, stage, c.dense_layers)
+    n_moe = n_layers - n_dense
+    layer_dense_params = n_layers * (c.attention / tp + c.norms) + n_dense * c.dense_mlp / tp
+    layer_dense_params += n_moe * (c.shared_experts / tp + c.router)
+    expert_params = n_moe * c.routed_experts / (layout.ep * etp)
+    dense_params = layer_dense_params
+    if first:
+        dense_params += c.vocab_embedding / tp + c.position_embedding
+    if last:
+        dense_params += c.output_norm
+        if model.tied_embeddings and layout.pp > 1:
+            dense_params += c.vocab_embedding / tp  # Megatron's copy of the tied embedding on the last stage
+        elif not model.tied_embeddings:
+            dense_params += c.vocab_embedding / tp  # untied output head (output_norm holds only the norm)
+
+    (wd, gd, od), (we, ge, oe) = _shard_degrees(layout, edp)
+    weight_bytes_per_param = 2.0
+    weights = weight_bytes_per_param * (dense_params / wd + expert_params / we)
+    if precision == "fp8":
+        weights += 2.0 * (layer_dense_params / wd + expert_params / we)  # fp8 weight + transpose caches
+    gradients = a.grad_bytes * (dense_params / gd + expert_params / ge)
+    optimizer = 0.0
+    if not layout.offload_optimizer:
+        optimizer = a.optimizer_bytes_per_param * (dense_params / od + expert_params / oe)
+
+    # --- activations
+    mb = layout.micro_batch
+    m = micro_batches_per_step(layout, global_batch)
+    inflight = inflight_microbatches(layout, stage, m)
+    per_mb = 0.0
+    worst_layer = 0.0
+    if n_dense:
+        dense_terms = _terms(model, tp, False, a.flash_attention, a.dropout)
+        one = layer_bytes(
+            dense_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute
+        )
+        per_mb += n_dense * one
+        if layout.recompute == "full":
+            worst_layer = layer_bytes(
+                dense_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none"
+            )
+    if n_moe:
+        moe_terms = _terms(model, tp, True, a.flash_attention, a.dropout)
+        one = layer_bytes(
+            moe_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute
+        )
+        per_mb += n_moe * one
+        if layout.recompute == "full":
+            worst_layer = max(
+                worst_layer,
+                layer_bytes(moe_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none"),
+            )
+    activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
+    if first:
+        held = min(layout.pp, m) if layout.pp > 1 else 1
+        activations += held * embedding_activation_bytes(
+            model, layout, seq_len=seq_len, micro_batch=mb, dropout=a.dropout
+        )
+    if last:
+        activations += output_activation_bytes(
+            model,
+            layout,
+            seq_len=seq_len,
+            micro_batch=mb,
+            logits_bytes_per_element=a.logits_bytes_per_element,
+        )
+
+    # --- communication buffers
+    tokens = seq_len * mb / layout.cp
+    h = model.hidden
+    sp = layout.sequence_parallel and tp > 1
+    buffers = 0.0
+    if sp:
+        buffers += ACT_BYTES * tokens * h  # all-gathered layer input of the column-parallel GEMMs
+    if layout.pp > 1:
+        buffers += 2 * ACT_BYTES * tokens * h / (tp if sp else 1)  # p2p send + receive
+    if layout.cp > 1:
+        kv_width = 2 * model.kv_heads * model.head_dim_ / min(tp, model.kv_heads)
+        buffers += 2 * ACT_BYTES * tokens * kv_width  # ring attention K/V in flight (send + receive)
+    if layout.ep > 1 and model.moe is not None:
+        buffers += 2 * ACT_BYTES * tokens * model.moe.top_k * h / (tp if sp else 1)  # all-to-all in/out
+    if gd > 1 or ge > 1:
+        # ZeRO-2/3, FSDP: unsharded gradients of the bucket being reduce-scattered. Capped by the part of
+        # the gradients the rank does not own (a bucket larger than that degenerates to ZeRO-1), so that
+        # sharding never costs more than not sharding. ZeRO-1/none reduce in place in Megatron's contiguous
+        # fp32 grad buffer (already counted under gradients).
+        remote_grads = dense_params * (1 - 1 / gd) + expert_params * (1 - 1 / ge)
+        buffers += a.grad_bytes * min(a.dp_bucket_elements, remote_grads)
+    if wd > 1 or we > 1:
+        # ZeRO-3/FSDP: the current and the prefetched layer all-gathered (capped like the bucket: a stage of
+        # one or two layers simply stays unsharded in effect)
+        layer_local = c.attention / tp + c.norms + max(c.dense_mlp / tp, c.shared_experts / tp + c.router)
+        if model.moe is not None:
+            layer_local += c.routed_experts / (layout.ep * etp)
+        remote_weights = dense_params * (1 - 1 / wd) + expert_params * (1 - 1 / we)
+        buffers += weight_bytes_per_param * min(2 * layer_local, remote_weights)
+
+    subtotal = weights + gradients + optimizer + activations + buffers
+    overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
+    return MemoryBreakdown(weights, gradients, optimizer, activations, buffers, overhead)
+
+
+def _validated(model: ModelSpec, layout: Layout, seq_len: int, global_batch: int, precision: str) -> None:
+    _check_inputs(seq_len, global_batch, precision)
+    validate_layout(layout, model, layout.gpus, global_batch, seq_len)
+
+
+def memory_per_stage(
+    model: ModelSpec,
+    layout: Layout,
+    *,
+    seq_len: int,
+    global_batch: int,
+    precision: str,
+    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> list[MemoryBreakdown]:
+    """The breakdown of every pipeline stage (validates the layout first; raises LayoutError/InputError)."""
+    _validated(model, layout, seq_len, global_batch, precision)
+    return [
+        stage_memory(
+            model,
+            layout,
+            seq_len=seq_len,
+            global_batch=global_batch,
+            precision=precision,
+            stage=i,
+            assumptions=assumptions,
+        )
+        for i in range(layout.pp)
+    ]
+
+
+def _candidate_stages(model: ModelSpec, layout: Layout) -> list[int]:
+    """Stages that can hold the peak: the first, the last, and (MoE with leading dense layers) the stages
+    whose parameter set differs. Ranks with equal parameters hold fewer micro-batches the later they are."""
+    candidates = {0, layout.pp - 1}
+    c = _constants(model)
+    if model.moe is not None and 0 < c.dense_layers < model.layers:
+        for stage in range(layout.pp):
+            candidates.add(stage)
+            if _dense_layers_on_stage(model, layout, stage, c.dense_layers) == 0:
+                break
+    return sorted(candidates)
+
+
+def peak_stage_memory(
+    model: ModelSpec,
+    layout: Layout,
+    *,
+    seq_len: int,
+    global_batch: int,
+    precision: str,
+    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> tuple[int, MemoryBreakdown]:
+    """(stage, breakdown) of the stage that needs the most memory per GPU: the one that decides fit."""
+    _validated(model, layout, seq_len, global_batch, precision)
+    found = [
+        (
+            stage,
+            stage_memory(
+                model,
+                layout,
+                seq_len=seq_len,
+                global_batch=global_batch,
+                precision=precision,
+                stage=stage,
+                assumptions=assumptions,
+            ),
+        )
+        for stage in _candidate_stages(model, layout)
+    ]
+    return max(found, key=lambda item: item[1].total_bytes)

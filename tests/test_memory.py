@@ -1,0 +1,410 @@
+"""Memory per GPU against published numbers (ZeRO paper, Korthikanti et al., torchtitan) and properties."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gpufleet.catalog.records import ModelSpec, MoESpec
+from gpufleet.errors import InputError, LayoutError
+from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches
+from gpufleet.parallel.layout import Layout
+from gpufleet.parallel.memory import (
+    MemoryAssumptions,
+    MemoryBreakdown,
+    memory_per_stage,
+    peak_stage_memory,
+    stage_memory,
+)
+from gpufleet.workload.params import count_params
+
+GIB = 2**30
+
+
+def gpt(hidden: int, heads: int, layers: int, vocab: int = 51200) -> ModelSpec:
+    """A GPT-3-style model as in Korthikanti et al.: MHA, plain 4h MLP, LayerNorm, biases, tied embeddings."""
+    return ModelSpec(
+        id=f"gpt-{hidden}-{layers}",
+        name="test GPT",
+        source="test",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads,
+        ffn_hidden=4 * hidden,
+        gated_mlp=False,
+        vocab=vocab,
+        tied_embeddings=True,
+        linear_bias=True,
+        norm="layernorm",
+        learned_positions=2048,
+    )
+
+
+LLAMA70B = ModelSpec(
+    id="llama3-70b-test",
+    name="Llama 3.1 70B",
+    source="meta-llama/Llama-3.1-70B config.json",
+    layers=80,
+    hidden=8192,
+    heads=64,
+    kv_heads=8,
+    ffn_hidden=28672,
+    gated_mlp=True,
+    vocab=128256,
+)
+LLAMA8B = ModelSpec(
+    id="llama3-8b-test",
+    name="Llama 3.1 8B",
+    source="meta-llama/Llama-3.1-8B config.json",
+    layers=32,
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    ffn_hidden=14336,
+    gated_mlp=True,
+    vocab=128256,
+)
+MOE = ModelSpec(
+    id="moe-test",
+    name="small MoE",
+    source="test",
+    layers=8,
+    hidden=1024,
+    heads=16,
+    kv_heads=4,
+    ffn_hidden=4096,
+    gated_mlp=True,
+    vocab=32000,
+    moe=MoESpec(experts=16, top_k=2, shared_experts=1, expert_ffn_hidden=512, dense_layers=1),
+)
+KORTHIKANTI = MemoryAssumptions(flash_attention=False, dropout=True)
+
+
+# ---------------------------------------------------------------- ZeRO paper (Rajbhandari et al. 2020)
+
+
+def _model_states(model: ModelSpec, sharding: str, dp: int) -> float:
+    breakdown = stage_memory(
+        model,
+        Layout(dp=dp, sharding=sharding),  # type: ignore[arg-type]
+        seq_len=2048,
+        global_batch=dp,
+        precision="fp16",
+        stage=0,
+        assumptions=MemoryAssumptions(grad_dtype="bf16"),
+    )
+    return breakdown.weights_bytes + breakdown.gradients_bytes + breakdown.optimizer_bytes
+
+
+@pytest.mark.parametrize(
+    ("sharding", "paper_gb"),
+    [("none", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9), ("fsdp", 1.9)],
+)
+def test_model_states_match_zero_paper_figure_1(sharding: str, paper_gb: float) -> None:
+    """Figure 1: Ψ = 7.5B, Nd = 64, K = 12, 16-bit weights and gradients. Our 7.45B GPT is scaled to 7.5B
+    and must print the paper's figure at the paper's precision (0.1 GB)."""
+    model = gpt(hidden=4096, heads=32, layers=36)
+    psi = count_params(model).total
+    assert 7.3e9 < psi < 7.7e9
+    ours_gb = _model_states(model, sharding, 64) / psi * 7.5e9 / 1e9
+    assert round(ours_gb, 1) == paper_gb, ours_gb
+
+
+def test_fp32_gradients_are_megatron_default() -> None:
+    model = gpt(hidden=1024, heads=16, layers=4)
+    psi = count_params(model).total
+    b = stage_memory(model, Layout(), seq_len=128, global_batch=1, precision="bf16", stage=0)
+    assert b.weights_bytes == pytest.approx(2 * psi)
+    assert b.gradients_bytes == pytest.approx(4 * psi)
+    assert b.optimizer_bytes == pytest.approx(12 * psi)
+
+
+# ------------------------------------------------------- Korthikanti et al. 2022, Table 2 and section 4
+
+# Table 3 of the paper: (heads a, hidden h, layers L, tp t, pp p); s = 2048, micro-batch 1.
+KORTHIKANTI_MODELS = {
+    "22B": (64, 6144, 48, 8, 1),
+    "175B": (96, 12288, 96, 8, 8),
+    "530B": (128, 20480, 105, 8, 35),
+    "1T": (160, 25600, 128, 8, 64),
+}
+
+
+@pytest.mark.parametrize("name", list(KORTHIKANTI_MODELS))
+def test_activation_per_layer_matches_korthikanti_table_2(name: str) -> None:
+    a, h, layers, t, _ = KORTHIKANTI_MODELS[name]
+    s, b = 2048, 1
+    model = gpt(hidden=h, heads=a, layers=layers)
+    sbh = s * b * h
+    expected = {
+        # (tp, sequence parallel, recompute): the paper's expression, evaluated by hand
+        (1, False, "none"): sbh * (34 + 5 * a * s / h),
+        (t, False, "none"): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        (t, True, "none"): sbh * (34 / t + 5 * a * s / (h * t)),
+        (t, False, "selective"): sbh * (10 + 24 / t),
+        (t, True, "selective"): sbh * (34 / t),
+        (1, False, "full"): sbh * 2,
+    }
+    for (tp, sp, recompute), want in expected.items():
+        layout = Layout(tp=tp, dp=1, sequence_parallel=sp, recompute=recompute)  # type: ignore[arg-type]
+        got = activation_bytes_per_layer(
+            model, layout, seq_len=s, micro_batch=b, flash_attention=False, dropout=True
+        )
+        assert got == pytest.approx(want, rel=1e-12), (tp, sp, recompute)
+
+
+def test_flash_attention_drops_the_score_term() -> None:
+    """With flash attention (no dropout, plain MLP, MHA) the layer keeps 34 - 2 masks = 32 sbh/t bytes plus
+    the fp32 log-sum-exp (4 bytes per head and token)."""
+    a, h, t, s = 96, 12288, 8, 2048
+    model = gpt(hidden=h, heads=a, layers=96)
+    layout = Layout(tp=t, sequence_parallel=True)
+    got = activation_bytes_per_layer(model, layout, seq_len=s, micro_batch=1)
+    assert got == pytest.approx(s * h * 32 / t + 4 * a * s / t)
+
+
+def test_first_stage_holds_all_layers_of_one_micro_batch_175b() -> None:
+    """Section 4.2.3: with 1F1B the first stage holds p micro-batches of L/p layers, i.e. L layers' worth,
+    plus the embedding dropout mask sbhp/t (section 4.3); with interleaving × (1 + (p-1)/(p·m))."""
+    a, h, layers, t, p = KORTHIKANTI_MODELS["175B"]
+    s = 2048
+    model = gpt(hidden=h, heads=a, layers=layers)
+    sbh = s * h
+    layout = Layout(tp=t, pp=p, dp=1, sequence_parallel=True, recompute="selective")  # 64 GPUs, batch 64
+    b = stage_memory(
+        model, layout, seq_len=s, global_batch=64, precision="bf16", stage=0, assumptions=KORTHIKANTI
+    )
+    expected = sbh * 34 / t * layers + sbh * p / t
+    token_ids = 8 * s * p
+    assert b.activations_bytes - token_ids == pytest.approx(expected, rel=1e-9)
+
+    vpp = 2
+    interleaved = layout.with_(vpp=vpp)
+    b2 = stage_memory(
+        model, interleaved, seq_len=s, global_batch=64, precision="bf16", stage=0, assumptions=KORTHIKANTI
+    )
+    factor = 1 + (p - 1) / (p * vpp)
+    assert b2.activations_bytes - token_ids - sbh * p / t == pytest.approx(sbh * 34 / t * layers * factor)
+
+
+def test_one_f_one_b_in_flight_counts() -> None:
+    layout = Layout(pp=4, dp=1)
+    assert [inflight_microbatches(layout, i, 16) for i in range(4)] == [4, 3, 2, 1]
+    assert inflight_microbatches(layout, 0, 2) == 2  # capped by the micro-batches per step
+
+
+def test_logits_on_last_stage_only_and_gqa_smaller() -> None:
+    layout = Layout(tp=2, pp=2, dp=1, sequence_parallel=True)
+    stages = memory_per_stage(LLAMA8B, layout, seq_len=4096, global_batch=8, precision="bf16")
+    logits = 6 * 4096 * LLAMA8B.vocab / 2
+    # the last stage holds 1 micro-batch of layers but the logits; the first 2 micro-batches of layers
+    per_layer = activation_bytes_per_layer(LLAMA8B, layout, seq_len=4096, micro_batch=1)
+    assert stages[1].activations_bytes == pytest.approx(16 * per_layer + logits + 2 * 2 * 4096 * 4096 / 2)
+    mha = LLAMA8B.model_copy(update={"kv_heads": 32, "id": "mha"})
+    assert activation_bytes_per_layer(mha, layout, seq_len=4096, micro_batch=1) > per_layer
+
+
+# ------------------------------------------------------------- torchtitan measured peak memory (calibration)
+
+TORCHTITAN = MemoryAssumptions(logits_bytes_per_element=12.0)  # eager cross_entropy(logits.float())
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "seq", "global_batch", "measured_gib", "bound"),
+    [
+        # benchmarks/llama3_h100_202412_torchtitan.md, Table 2 (full AC, FSDP 8 / CP) and Table 4 (70B 2D)
+        (LLAMA8B, Layout(dp=8, sharding="fsdp", recompute="full"), 32768, 8, 83.9, 0.10),
+        (LLAMA8B, Layout(dp=1, cp=8, sharding="fsdp", recompute="full"), 262144, 1, 84.5, 0.10),
+        (
+            LLAMA70B,
+            Layout(tp=8, dp=32, sequence_parallel=True, sharding="fsdp", recompute="full", micro_batch=16),
+            8192,
+            512,
+            71.9,
+            0.15,
+        ),
+    ],
+)
+def test_within_bound_of_torchtitan_measured_peak(
+    model: ModelSpec, layout: Layout, seq: int, global_batch: int, measured_gib: float, bound: float
+) -> None:
+    _, peak = peak_stage_memory(
+        model, layout, seq_len=seq, global_batch=global_batch, precision="bf16", assumptions=TORCHTITAN
+    )
+    error = peak.total_bytes / GIB / measured_gib - 1
+    assert abs(error) < bound, f"{error:+.1%}"
+
+
+# ------------------------------------------------------------------------------------------ API shape
+
+
+def test_breakdown_dict_and_total() -> None:
+    b = MemoryBreakdown(1, 2, 3, 4, 5, 6)
+    assert b.as_dict() == {
+        "weights": 1,
+        "gradients": 2,
+        "optimizer": 3,
+        "activations": 4,
+        "buffers": 5,
+        "overhead": 6,
+    }
+    assert b.total_bytes == 21
+
+
+def test_peak_is_worst_of_all_stages() -> None:
+    layout = Layout(tp=2, pp=4, dp=2, sequence_parallel=True, sharding="zero1", vpp=2)
+    stages = memory_per_stage(MOE, layout, seq_len=1024, global_batch=16, precision="bf16")
+    stage, peak = peak_stage_memory(MOE, layout, seq_len=1024, global_batch=16, precision="bf16")
+    assert peak.total_bytes == max(s.total_bytes for s in stages)
+    assert stages[stage] == peak
+
+
+def test_tied_embedding_lives_on_both_ends() -> None:
+    model = gpt(hidden=1024, heads=16, layers=4)
+    two = memory_per_stage(model, Layout(pp=2), seq_len=512, global_batch=2, precision="bf16")
+    one = memory_per_stage(model, Layout(pp=1), seq_len=512, global_batch=1, precision="bf16")
+    vocab_table = model.vocab * model.hidden
+    assert two[0].weights_bytes + two[1].weights_bytes == pytest.approx(
+        one[0].weights_bytes + 2 * vocab_table
+    )
+
+
+def test_offload_moves_optimizer_off_gpu() -> None:
+    b = stage_memory(
+        LLAMA8B, Layout(offload_optimizer=True), seq_len=1024, global_batch=1, precision="bf16", stage=0
+    )
+    assert b.optimizer_bytes == 0
+
+
+def test_bad_sizes_are_input_errors() -> None:
+    with pytest.raises(InputError):
+        peak_stage_memory(LLAMA8B, Layout(), seq_len=0, global_batch=1, precision="bf16")
+    with pytest.raises(InputError):
+        peak_stage_memory(LLAMA8B, Layout(), seq_len=128, global_batch=1, precision="int3")
+
+
+# ------------------------------------------------------------------------------------------ properties
+
+SHARDING_ORDER = ("none", "zero1", "zero2", "zero3")
+models = st.sampled_from([LLAMA8B, MOE, gpt(hidden=512, heads=8, layers=4)])
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[ModelSpec, Layout, int, int]:
+    model = draw(models)
+    tp = draw(st.sampled_from([1, 2, 4]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    cp = draw(st.sampled_from([1, 2]))
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    ep = draw(st.sampled_from([1, 2, 4])) if model.moe is not None else 1
+    vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        ep=ep,
+        vpp=vpp,
+        sequence_parallel=draw(st.booleans()),
+        micro_batch=draw(st.sampled_from([1, 2])),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        offload_optimizer=draw(st.booleans()),
+    )
+    global_batch = draw(st.sampled_from([64, 128]))
+    seq = draw(st.sampled_from([512, 2048]))
+    return model, layout, global_batch, seq
+
+
+def _peak(model: ModelSpec, layout: Layout, global_batch: int, seq: int) -> float | None:
+    try:
+        return peak_stage_memory(model, layout, seq_len=seq, global_batch=global_batch, precision="bf16")[
+            1
+        ].total_bytes
+    except LayoutError:
+        return None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(layouts())
+def test_more_sharding_never_needs_more_memory(case: tuple[ModelSpec, Layout, int, int]) -> None:
+    model, layout, global_batch, seq = case
+    totals = [_peak(model, layout.with_(sharding=z), global_batch, seq) for z in SHARDING_ORDER]
+    assume(all(t is not None for t in totals))
+    for before, after in itertools.pairwise(totals):
+        assert after is not None and before is not None
+        assert after <= before * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(layouts(), st.sampled_from(SHARDING_ORDER))
+def test_more_data_parallel_gpus_never_need_more_memory(
+    case: tuple[ModelSpec, Layout, int, int], sharding: str
+) -> None:
+    model, layout, global_batch, seq = case
+    layout = layout.with_(sharding=sharding)
+    small = _peak(model, layout, global_batch, seq)
+    big = _peak(model, layout.with_(dp=layout.dp * 2), global_batch, seq)
+    assume(small is not None and big is not None)
+    assert big is not None and small is not None
+    assert big <= small * (1 + 1e-12)
+
+
+ints = st.integers(min_value=-2, max_value=64)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    models,
+    ints,
+    ints,
+    ints,
+    ints,
+    ints,
+    ints,
+    ints,
+    st.booleans(),
+    st.sampled_from(["none", "zero1", "zero2", "zero3", "fsdp", "hsdp", "zero9"]),
+    st.sampled_from(["none", "selective", "full", "most"]),
+    ints,
+    st.integers(min_value=1, max_value=512),
+    st.integers(min_value=1, max_value=8192),
+)
+def test_invalid_layouts_raise_layout_error_only(
+    model: ModelSpec,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int,
+    ep: int,
+    vpp: int,
+    mb: int,
+    sp: bool,
+    sharding: str,
+    recompute: str,
+    hsdp_group: int,
+    global_batch: int,
+    seq: int,
+) -> None:
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        vpp=vpp,
+        micro_batch=mb,
+        sequence_parallel=sp,
+        sharding=sharding,  # type: ignore[arg-type]
+        recompute=recompute,  # type: ignore[arg-type]
+        hsdp_group=hsdp_group,
+    )
+    try:
+        stages = memory_per_stage(model, layout, seq_len=seq, global_batch=global_batch, precision="bf16")
+    except LayoutError:
+        return
+    assert len(stages) == pp
+    assert all(s.total_bytes > 0 for s in stages)
