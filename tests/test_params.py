@@ -73,9 +73,10 @@ class Published:
 
 PUBLISHED = [
     Published("llama3-8b", "total", "8.03", "Hugging Face meta-llama/Llama-3.1-8B model page: 8.03B params"),
-    Published("llama3-70b", "total", "70.6", "Hugging Face meta-llama/Llama-3.1-70B model page: 70.6B params"),
-    Published("llama3-405b", "total", "405.9",
-              "Hugging Face meta-llama/Llama-3.1-405B model page: 406B params (405.9B)"),
+    Published("llama3-70b", "total", "70.6",
+              "Hugging Face meta-llama/Llama-3.1-70B model page: 70.6B params"),
+    Published("llama3-405b", "total", "406",
+              "Hugging Face meta-llama/Llama-3.1-405B model page: 406B params"),
     Published("llama2-7b", "total", "6.74", "Hugging Face meta-llama/Llama-2-7b-hf model page: 6.74B params"),
     Published("llama2-13b", "total", "13.0", "Hugging Face meta-llama/Llama-2-13b-hf model page: 13B params"),
     Published("llama2-70b", "total", "69.0", "Hugging Face meta-llama/Llama-2-70b-hf model page: 69B params"),
@@ -98,7 +99,8 @@ PUBLISHED = [
     Published("qwen3-235b-a22b", "without_embedding_tables", "234",
               "Qwen/Qwen3-235B-A22B model card: 234B non-embedding"),
     Published("nemotron4-340b", "total", "341.0",
-              "Nemotron-4 340B Technical Report (arXiv 2406.11704) Table 1: 9.4B embedding + 331.6B non-embedding"),
+              "Nemotron-4 340B Technical Report (arXiv 2406.11704) Table 1: "
+              "9.4B embedding + 331.6B non-embedding"),
     Published("nemotron4-340b", "without_embedding_tables", "331.6",
               "Nemotron-4 340B Technical Report (arXiv 2406.11704) Table 1: 331.6B non-embedding"),
     Published("opt-175b", "total", "175", "Zhang et al. 2022, OPT (arXiv 2205.01068) Table 1: 175B"),
