@@ -24,7 +24,11 @@ REQUIRED_MODELS = {
     "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "nemotron4-340b",
 }
 REQUIRED_NETWORKS = {"hdr200", "ndr400", "xdr800", "roce100", "roce200", "roce400", "roce800", "socket"}
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+# The run files: the copy shipped in the package when present, else the shared reference folder.
+RUN_FOLDERS = (
+    Path(__file__).resolve().parents[1] / "src" / "gpufleet" / "catalog" / "runs",
+    Path(__file__).resolve().parents[2] / "shared" / "reference",
+)
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +179,10 @@ def _architecture(model: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("runs_file", ["published_runs.yaml", "vtrain_runs.yaml"])
 def test_every_published_run_model_is_in_the_catalog(catalog: Catalog, runs_file: str) -> None:
-    path = REFERENCE / runs_file
-    if not path.exists():
-        pytest.skip(f"{path} not present (shared reference data lives beside the repository)")
+    found = [folder / runs_file for folder in RUN_FOLDERS if (folder / runs_file).exists()]
+    if not found:
+        pytest.skip(f"{runs_file} not found in {[str(f) for f in RUN_FOLDERS]}")
+    path = found[0]
     shipped = {
         _architecture(m.model_dump(exclude_none=True)): m.id
         for m in catalog.records("models").values()
