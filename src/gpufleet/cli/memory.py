@@ -1,0 +1,150 @@
+"""`gpufleet memory`: memory per GPU for each pipeline stage of a layout, and whether it fits in HBM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.errors import InputError
+from gpufleet.parallel.layout import RECOMPUTES, SHARDINGS, Layout, validate_layout
+from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
+
+GIB = 2**30
+_KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
+_HEADERS = ("weights", "grads", "optim", "activ", "buffers", "overhead")
+
+
+def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise InputError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _report(stages: list[MemoryBreakdown], hbm_bytes: float) -> dict[str, Any]:
+    peak_stage = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
+    peak_bytes = stages[peak_stage].total_bytes
+    return {
+        "stages": [
+            {"stage": i, "bytes": breakdown.as_dict(), "total_bytes": breakdown.total_bytes}
+            for i, breakdown in enumerate(stages)
+        ],
+        "peak_stage": peak_stage,
+        "peak_bytes": peak_bytes,
+        "hbm_bytes": hbm_bytes,
+        "fits": peak_bytes <= hbm_bytes,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("memory")
+    def memory(
+        model: str = typer.Option(..., "--model", help="Model id (`gpufleet catalog list models`)."),
+        gpu: str = typer.Option(..., "--gpu", help="GPU id (`gpufleet catalog list gpus`)."),
+        gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs in the job."),
+        tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
+        pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel degree."),
+        cp: int = typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
+        ep: int = typer.Option(
+            1, "--ep", min=1, help="Expert-parallel degree (MoE; carved out of dp·cp·tp)."
+        ),
+        vpp: int = typer.Option(
+            1, "--vpp", min=1, help="Virtual stages per pipeline rank (interleaved 1F1B)."
+        ),
+        dp: int | None = typer.Option(
+            None, "--dp", min=1, help="Data-parallel degree [default: GPUs/(tp·pp·cp)]."
+        ),
+        seq: int = typer.Option(4096, "--seq", min=1, help="Sequence length, tokens."),
+        micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Sequences per micro-batch."),
+        global_batch: int | None = typer.Option(
+            None,
+            "--global-batch",
+            min=1,
+            help="Sequences per optimizer step [default: dp·micro-batch·pp, enough to fill the pipeline].",
+        ),
+        recompute: str = typer.Option("none", "--recompute", help=f"One of {', '.join(RECOMPUTES)}."),
+        sharding: str = typer.Option("none", "--sharding", help=f"One of {', '.join(SHARDINGS)}."),
+        hsdp_group: int = typer.Option(8, "--hsdp-group", min=2, help="FSDP shard-group size for hsdp."),
+        precision: str = typer.Option(
+            "bf16", "--precision", help=f"One of {', '.join(TRAINING_PRECISIONS)}."
+        ),
+        sequence_parallel: bool = typer.Option(
+            True, "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (tp > 1)."
+        ),
+        offload_optimizer: bool = typer.Option(False, "--offload-optimizer", help="Optimizer states on CPU."),
+        catalog: list[Path] = CatalogOption,
+        json: bool = JsonOption,
+    ) -> None:
+        """Memory per GPU for every pipeline stage, and fit / no-fit against the GPU's HBM.
+
+        Exit 0 when the worst stage fits, 1 when it does not, 2 for bad input.
+        """
+        cat = open_catalog(catalog)
+        spec = cat.model(model)
+        gpu_spec = cat.gpu(gpu)
+        _choice(recompute, RECOMPUTES, "recompute")
+        _choice(sharding, SHARDINGS, "sharding")
+        _choice(precision, TRAINING_PRECISIONS, "precision")
+        if dp is None:
+            if gpus % (tp * pp * cp):
+                raise InputError(
+                    f"--gpus {gpus} is not divisible by tp·pp·cp = {tp * pp * cp}; give --dp or fix it"
+                )
+            dp = gpus // (tp * pp * cp)
+        layout = Layout(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=cp,
+            ep=ep,
+            vpp=vpp,
+            sequence_parallel=sequence_parallel and tp > 1,
+            sharding=sharding,
+            micro_batch=micro_batch,
+            recompute=recompute,  # type: ignore[arg-type]
+            offload_optimizer=offload_optimizer,
+            hsdp_group=hsdp_group,
+        )
+        batch = global_batch if global_batch is not None else dp * micro_batch * pp
+        validate_layout(layout, spec, gpus, batch, seq)
+        stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision)
+        data = _report(stages, gpu_spec.hbm_bytes)
+        out = Output(json)
+
+        def render(console: Console) -> None:
+            table = Table(
+                title=f"{spec.id} on {gpus}x {gpu_spec.id}: {layout.short()}, seq {seq}, global batch {batch}, "
+                f"{precision} — GiB per GPU",
+                title_justify="left",
+            )
+            table.add_column("stage", justify="right")
+            for header in _HEADERS:
+                table.add_column(header, justify="right")
+            table.add_column("total", justify="right", style="bold")
+            for row in data["stages"]:
+                cells = [f"{row['bytes'][kind] / GIB:.2f}" for kind in _KINDS]
+                table.add_row(str(row["stage"]), *cells, f"{row['total_bytes'] / GIB:.2f}")
+            console.print(table)
+            headroom = (data["hbm_bytes"] - data["peak_bytes"]) / GIB
+            verdict = "[green]fits[/green]" if data["fits"] else "[red]does not fit[/red]"
+            console.print(
+                f"peak: stage {data['peak_stage']} needs {data['peak_bytes'] / GIB:.2f} GiB of "
+                f"{data['hbm_bytes'] / GIB:.2f} GiB HBM — {verdict}, headroom {headroom:+.2f} GiB"
+            )
+
+        out.emit(data, render)
+        if not data["fits"]:
+            peak = stages[data["peak_stage"]].as_dict()
+            largest = max(peak, key=lambda kind: peak[kind])
+            out.fail(
+                f"does not fit: stage {data['peak_stage']} needs {data['peak_bytes'] / GIB:.1f} GiB per GPU but "
+                f"{gpu_spec.id} has {data['hbm_bytes'] / GIB:.1f} GiB (largest part: {largest} "
+                f"{peak[largest] / GIB:.1f} GiB; try more tp/pp, --sharding, --recompute or a smaller "
+                "--micro-batch)",
+                EXIT_CHECK_FAILED,
+            )

@@ -1,0 +1,161 @@
+"""`gpufleet memory` through the real console-script entry point, in a separate process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufleet.catalog.registry import ENV_VAR
+
+KINDS = {"weights", "gradients", "optimizer", "activations", "buffers", "overhead"}
+BASE = ("memory", "--model", "llama3-8b", "--gpu", "h100-sxm")
+
+
+def _entry_point() -> list[str]:
+    script = Path(sys.executable).parent / "gpufleet"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("gpufleet")
+    return [found] if found else [sys.executable, "-m", "gpufleet.cli.main"]
+
+
+def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key != ENV_VAR}
+    env["COLUMNS"] = "160"
+    return subprocess.run(
+        [*_entry_point(), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got: {result.stderr!r}"
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_json_shape_and_fit() -> None:
+    result = gpufleet(*BASE, "--gpus", "8", "--tp", "2", "--pp", "2", "--sharding", "zero1", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"stages", "peak_stage", "peak_bytes", "hbm_bytes", "fits"}
+    assert [stage["stage"] for stage in data["stages"]] == [0, 1]
+    for stage in data["stages"]:
+        assert set(stage) == {"stage", "bytes", "total_bytes"}
+        assert set(stage["bytes"]) == KINDS
+        assert stage["total_bytes"] == pytest.approx(sum(stage["bytes"].values()))
+        assert all(value >= 0 for value in stage["bytes"].values())
+    totals = [stage["total_bytes"] for stage in data["stages"]]
+    assert data["peak_bytes"] == max(totals)
+    assert data["stages"][data["peak_stage"]]["total_bytes"] == data["peak_bytes"]
+    assert data["hbm_bytes"] == 80 * 2**30  # H100 SXM5: 80 GB HBM3
+    assert data["fits"] is True
+    # 8.03B parameters, tp2 × pp2: a quarter of the model per GPU, 2 bytes each (± embedding imbalance)
+    weights = data["stages"][0]["bytes"]["weights"]
+    assert 0.8 * 2 * 8.03e9 / 4 < weights < 1.3 * 2 * 8.03e9 / 4
+
+
+def test_does_not_fit_exits_1_and_says_why() -> None:
+    result = gpufleet(*BASE, "--gpus", "1", "--seq", "8192", "--json")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data["fits"] is False
+    assert data["peak_bytes"] > data["hbm_bytes"]
+    # 8B params × 18 bytes (bf16 weights, fp32 grads, Adam) alone is ~135 GiB > 80 GiB
+    assert data["stages"][0]["bytes"]["optimizer"] == pytest.approx(12 * 8.03e9, rel=0.01)
+    assert "does not fit" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_tables_for_people() -> None:
+    result = gpufleet(*BASE, "--gpus", "64", "--tp", "2", "--sharding", "zero1", "--recompute", "selective")
+    assert result.returncode == 0, result.stderr
+    assert "GiB" in result.stdout
+    assert "fits" in result.stdout
+    assert "headroom" in result.stdout
+
+
+def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
+    ok = gpufleet(*BASE, "--gpus", "16", "--tp", "4", "--sharding", "zero3", "--json")
+    assert ok.returncode == 0, ok.stderr
+    line = one_error_line(gpufleet(*BASE, "--gpus", "16", "--tp", "4", "--dp", "2"))
+    assert "16" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--model", "llama3-9b", "--gpu", "h100-sxm", "--gpus", "8"), "llama3-8b"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxmm", "--gpus", "8"), "h100-sxm"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "3"), "tp"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "6", "--tp", "3", "--dp", "2"), "tp=3"),
+        (
+            (
+                "--model",
+                "llama3-8b",
+                "--gpu",
+                "h100-sxm",
+                "--gpus",
+                "8",
+                "--pp",
+                "64",
+                "--dp",
+                "1",
+                "--tp",
+                "1",
+            ),
+            "pp",
+        ),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--ep", "2"), "ep"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "0"), "--gpus"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "-4"), "--seq"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--micro-batch", "0"), "--micro-batch"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--sharding", "zero4"), "sharding"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--recompute", "some"), "recompute"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--precision", "fp32"), "precision"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "3"), "batch"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], needle: str) -> None:
+    line = one_error_line(gpufleet("memory", *args))
+    assert needle in line
+
+
+def test_malformed_catalog_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  - id: x\n    layers: [\n", encoding="utf-8")
+    line = one_error_line(gpufleet(*BASE, "--gpus", "8", "--catalog", str(bad)))
+    assert "bad.yaml" in line
+
+
+def test_user_catalog_model_is_used(tmp_path: Path) -> None:
+    user = tmp_path / "tiny.yaml"
+    user.write_text(
+        "models:\n"
+        "  - id: tiny\n    name: tiny\n    source: test\n    layers: 4\n    hidden: 256\n    heads: 4\n"
+        "    kv_heads: 4\n    ffn_hidden: 1024\n    gated_mlp: false\n    vocab: 1000\n",
+        encoding="utf-8",
+    )
+    result = gpufleet(
+        "memory",
+        "--model",
+        "tiny",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "2",
+        "--pp",
+        "2",
+        "--catalog",
+        str(user),
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["stages"]) == 2
