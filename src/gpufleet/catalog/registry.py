@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.errors import CatalogError, UnknownNameError
@@ -30,6 +31,7 @@ KINDS: dict[str, type[Record]] = {
     "nodes": NodeSpec,
     "networks": NetworkSpec,
     "models": ModelSpec,
+    "calibrations": CalibrationProfile,
     **ECONOMICS_KINDS,
 }
 

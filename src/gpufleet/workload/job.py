@@ -30,7 +30,9 @@ class Job:
         if self.global_batch < 1:
             raise InputError(f"global batch must be at least 1 sequence, got {self.global_batch}")
         if self.precision in ("fp32", "tf32"):
-            raise InputError(f"precision {self.precision} is not a training precision; use bf16, fp16, fp8 or fp4")
+            raise InputError(
+                f"precision {self.precision} is not a training precision; use bf16, fp16, fp8 or fp4"
+            )
 
     @property
     def tokens_per_step(self) -> int:

@@ -21,7 +21,8 @@ class LayerParams:
 
     @property
     def total(self) -> int:
-        return self.attention + self.norms + self.dense_mlp + self.routed_experts + self.shared_experts + self.router
+        return (self.attention + self.norms + self.dense_mlp + self.routed_experts + self.shared_experts
+                + self.router)
 
 
 def _norm_params(model: ModelSpec, width: int) -> int:

@@ -1,0 +1,29 @@
+"""Calibration profiles: what a GPU really achieves (GEMM, attention, HBM), per GPU id.
+
+The built-in profiles come from public measurements (sources in `data/calibration.yaml`); a runtime
+benchmark (`gpufleet bench gemm`) can write a user profile with the same id that overrides them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gpufleet.catalog.records import Record
+
+
+class CalibrationProfile(Record):
+    """Achievable fractions of a GPU's peaks; `id` is the GPU id it calibrates."""
+
+    gemm_fraction_16bit: float = Field(gt=0, le=1, description="best-shape bf16/fp16 GEMM / dense peak (MAMF)")
+    gemm_fraction_fp8: float | None = Field(default=None, gt=0, le=1, description="best-shape fp8 GEMM / fp8 peak")
+    attention_fraction: float = Field(gt=0, le=1, description="fused attention kernel (fwd+bwd) / 16-bit peak")
+    hbm_fraction: float = Field(gt=0, le=1, description="achievable HBM bandwidth for streaming kernels / peak")
+    gemm_half_dim: int = Field(
+        default=128, ge=1, description="a GEMM dimension of this size runs at half efficiency (shape curve)"
+    )
+
+    def gemm_fraction(self, precision: str) -> float:
+        """Best-shape GEMM fraction of the precision's own peak."""
+        if precision in ("fp8", "fp4") and self.gemm_fraction_fp8 is not None:
+            return self.gemm_fraction_fp8
+        return self.gemm_fraction_16bit

@@ -1,0 +1,127 @@
+"""Analytical (α–β) cost of collectives for a group of ranks as placed on a cluster.
+
+Bandwidth follows nccl-tests' bus-bandwidth conventions: a collective moving a buffer of S bytes
+takes S * bus_factor / bus_bandwidth (+ latency), with bus_factor 2(n-1)/n for all-reduce, (n-1)/n
+for all-gather, reduce-scatter and all-to-all, 1 for broadcast and send/recv. The bus bandwidth a
+group gets is the bottleneck of the links its ring really crosses:
+
+* inside a node: the GPU's scale-up link × its measured achievable fraction (a mesh gives a pair one
+  link; a ring over n members of an 8-GPU mesh uses n-1 of the 7 links);
+* across nodes: each member on a node drives its own NIC, so a ring with k members per node gets
+  k NICs' worth (hierarchical: NVLink inside, NICs between), never more than the scale-up link;
+* across leaves: a leaf's uplinks carry 1/oversubscription of its down bandwidth. A ring crosses a
+  leaf boundary once per leaf, so a group with m of its nodes under each leaf loads the uplinks
+  os/m times their share: it slows down by max(1, os/m). Uniform traffic (all-to-all) sends a
+  fraction 1 - m/nodes of its bytes across, slowing by max(1, os · that fraction).
+Latency: α per ring step (scale-up step latency inside a node; NIC + switch hops between nodes);
+NCCL picks a tree (2·log2 n steps) when that is faster for an all-reduce.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gpufleet.fabric.placement import GroupSpan
+from gpufleet.fabric.topology import Cluster
+
+Op = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv"]
+OPS: tuple[Op, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv")
+
+#: Per-step latency of a scale-up (NVLink) transfer. Judgement: NCCL's tuning model uses 0.6–3.4 µs
+#: per NVLink step by protocol; cuda-samples measure 1.8–2.3 µs GPU-to-GPU (hardware_facts: latency).
+SCALE_UP_STEP_LATENCY_S = 2.0e-6
+#: Switch hops a message crosses between two leaves of a two-tier fabric (leaf-spine-leaf).
+CROSS_LEAF_HOPS = 3
+
+
+def bus_factor(op: Op, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor: bus bytes per buffer byte."""
+    if n <= 1:
+        return 0.0
+    if op == "all-reduce":
+        return 2 * (n - 1) / n
+    if op in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    """Time of one collective and what bounded it."""
+
+    op: Op
+    message_bytes: float
+    group_size: int
+    time_s: float
+    bus_bytes_per_s: float  # achieved bus bandwidth (nccl-tests convention), latency excluded
+    link: str  # the bottleneck link, in words
+
+    @property
+    def algbw_bytes_per_s(self) -> float:
+        return self.message_bytes / self.time_s if self.time_s > 0 else math.inf
+
+
+def scale_up_bus_bytes_per_s(cluster: Cluster, members: int, op: Op) -> float:
+    """Bus bandwidth inside one scale-up domain for a group of `members` GPUs."""
+    scale_up = cluster.gpu.scale_up
+    line = scale_up.bytes_per_s_per_direction * scale_up.achievable_fraction
+    if scale_up.kind == "mesh":
+        links = scale_up.links or (cluster.gpus_per_node - 1)
+        per_link = line / links
+        usable = 1 if op == "send-recv" else min(links, members - 1)
+        return per_link * usable
+    return line
+
+
+def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
+    if span.leaves <= 1:
+        return 1.0
+    os = cluster.fabric.oversubscription
+    if op == "all-to-all":
+        crossing = 1.0 - span.nodes_per_leaf / span.nodes
+        return max(1.0, os * crossing)
+    return max(1.0, os / span.nodes_per_leaf)
+
+
+def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
+    """Time for one `op` over `message_bytes` (the full buffer per rank) on group `span`."""
+    n = span.size
+    if n <= 1 or message_bytes <= 0:
+        return CollectiveCost(op, message_bytes, n, 0.0, math.inf, "none (group of one)")
+    scale_up_bw = scale_up_bus_bytes_per_s(cluster, span.per_node if not span.intra_node else n, op)
+    network = cluster.fabric.network
+    if span.intra_node:
+        bus_bw = scale_up_bw
+        alpha = SCALE_UP_STEP_LATENCY_S
+        link = f"{cluster.gpu.scale_up.kind} scale-up ({bus_bw / 1e9:.0f} GB/s bus)"
+    else:
+        nic_bw = cluster.nic_bytes_per_s_per_gpu
+        if op == "all-to-all":
+            # Every member sends (n - per_node)/n of its buffer over its own NIC.
+            remote_fraction = (n - span.per_node) / n
+            nic_share = nic_bw / max(remote_fraction / bus_factor(op, n), 1e-12)
+            network_bw = nic_share
+        else:
+            network_bw = nic_bw * (span.per_node if op != "send-recv" else 1)
+        slowdown = _cross_leaf_slowdown(cluster, span, op)
+        network_bw /= slowdown
+        bus_bw = min(network_bw, scale_up_bw) if span.per_node > 1 else network_bw
+        alpha = network.endpoint_latency_s + (CROSS_LEAF_HOPS if span.leaves > 1 else 1) * network.hop_latency_s
+        where = f"{network.id} NIC" + (f" × {span.per_node}" if span.per_node > 1 and op != "send-recv" else "")
+        if slowdown > 1:
+            where += f", spine {cluster.fabric.oversubscription:g}:1 (÷{slowdown:.2g})"
+        link = f"{where} ({bus_bw / 1e9:.0f} GB/s bus)"
+    bandwidth_s = message_bytes * bus_factor(op, n) / bus_bw
+    if op == "all-reduce":
+        ring_latency = 2 * (n - 1) * alpha
+        tree_latency = 2 * math.ceil(math.log2(n)) * alpha
+        latency = min(ring_latency, tree_latency)
+    elif op in ("all-gather", "reduce-scatter", "all-to-all"):
+        latency = (n - 1) * alpha
+    elif op == "broadcast":
+        latency = math.ceil(math.log2(n)) * alpha
+    else:
+        latency = alpha
+    return CollectiveCost(op, message_bytes, n, bandwidth_s + latency, bus_bw, link)

@@ -1,0 +1,85 @@
+"""Where a communication group's ranks land: how many share a node, how many nodes and leaves it spans.
+
+Ranks are numbered in the layout's order (Megatron: tp fastest, then cp, dp, pp; expert groups are
+carved out as tp-ep-…) and filled into nodes in block order. `scatter` placement models a scheduler
+that ignored topology: a group's nodes land on different leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gpufleet.fabric.topology import Cluster
+from gpufleet.parallel.layout import Layout
+
+GroupKind = Literal["tp", "cp", "dp", "dp_cp", "ep", "pp", "edp"]
+Placement = Literal["block", "scatter"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpan:
+    """One communication group as placed: its size and how it spreads over nodes and leaves."""
+
+    size: int
+    per_node: int  # members of the group that share a node (and its NICs)
+    nodes: int  # nodes the group spans
+    nodes_per_leaf: int  # of the group's nodes, how many share one leaf switch
+    leaves: int  # leaf switches the group spans
+
+    @property
+    def intra_node(self) -> bool:
+        return self.nodes == 1
+
+
+def _degree(layout: Layout, dim: str) -> int:
+    return int(getattr(layout, dim))
+
+
+def group_stride_and_size(layout: Layout, kind: GroupKind) -> tuple[int, int]:
+    """Rank stride between consecutive members and the group size, in the layout's rank order."""
+    if kind == "ep":
+        return layout.tp, layout.ep
+    if kind == "edp":  # expert data parallel: the ranks holding the same experts
+        return layout.tp * layout.ep, max(1, layout.dp * layout.cp // layout.ep)
+    dense_order = [d for d in layout.order if d != "ep"]
+    if kind == "dp_cp":
+        stride = 1
+        for dim in dense_order:
+            if dim in ("cp", "dp"):
+                break
+            stride *= _degree(layout, dim)
+        return stride, layout.dp * layout.cp
+    stride = 1
+    for dim in dense_order:
+        if dim == kind:
+            return stride, _degree(layout, dim)
+        stride *= _degree(layout, dim)
+    raise ValueError(f"unknown group kind {kind}")
+
+
+def group_span(layout: Layout, kind: GroupKind, cluster: Cluster, placement: Placement = "block") -> GroupSpan:
+    """How the `kind` group of `layout` lands on `cluster`."""
+    stride, size = group_stride_and_size(layout, kind)
+    gpus_per_node = cluster.gpus_per_node
+    if size <= 1:
+        return GroupSpan(size=1, per_node=1, nodes=1, nodes_per_leaf=1, leaves=1)
+    if stride >= gpus_per_node:
+        per_node = 1
+        node_stride = stride // gpus_per_node
+    else:
+        per_node = min(size, max(1, gpus_per_node // stride))
+        node_stride = 1
+    nodes = math.ceil(size / per_node)
+    leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
+    if nodes == 1:
+        return GroupSpan(size, per_node, 1, 1, 1)
+    if placement == "scatter":
+        total_leaves = max(1, math.ceil(cluster.num_nodes / leaf_nodes))
+        leaves = min(nodes, total_leaves)
+        return GroupSpan(size, per_node, nodes, max(1, math.ceil(nodes / total_leaves)) if leaves < nodes
+                         else 1, leaves)
+    group_nodes_per_leaf = max(1, min(nodes, leaf_nodes // node_stride))
+    leaves = math.ceil(nodes / group_nodes_per_leaf)
+    return GroupSpan(size, per_node, nodes, group_nodes_per_leaf, leaves)

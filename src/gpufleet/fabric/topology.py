@@ -1,0 +1,85 @@
+"""The scale-out fabric and the cluster it connects, as the analytical collective model sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gpufleet.catalog.records import GPUSpec, NetworkSpec, NodeSpec
+from gpufleet.errors import InputError
+
+TopologyKind = Literal["fat-tree", "leaf-spine", "rail-optimized", "dragonfly+"]
+TOPOLOGY_KINDS: tuple[TopologyKind, ...] = ("fat-tree", "leaf-spine", "rail-optimized", "dragonfly+")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Topology kind, transport, and the oversubscription of each tier above the leaves.
+
+    `oversubscription` is the leaf tier's down:up ratio (4.0 = 4:1: a leaf has four times more
+    bandwidth towards its nodes than towards the spine). `spine_oversubscription` applies to a
+    third tier (fat-tree with cores, or dragonfly+ global links between groups).
+    `nodes_per_leaf` defaults to what a leaf of the network's radix can serve at that ratio.
+    """
+
+    network: NetworkSpec
+    kind: TopologyKind = "fat-tree"
+    oversubscription: float = 1.0
+    spine_oversubscription: float = 1.0
+    nodes_per_leaf: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in TOPOLOGY_KINDS:
+            raise InputError(f"topology {self.kind!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
+        if self.oversubscription < 1 or self.spine_oversubscription < 1:
+            raise InputError("oversubscription must be at least 1:1")
+        if self.nodes_per_leaf is not None and self.nodes_per_leaf < 1:
+            raise InputError("nodes per leaf must be at least 1")
+
+    def leaf_down_ports(self) -> int:
+        """Ports of one leaf that face nodes: radix * os / (1 + os)."""
+        return max(1, int(self.network.switch_radix * self.oversubscription / (1 + self.oversubscription)))
+
+    def nodes_under_leaf(self, node: NodeSpec) -> int:
+        """Nodes whose NICs share one leaf (a rail-optimized leaf takes one NIC of each node)."""
+        if self.nodes_per_leaf is not None:
+            return self.nodes_per_leaf
+        if self.kind == "rail-optimized":
+            return self.leaf_down_ports()
+        return max(1, self.leaf_down_ports() // node.nics)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`gpus` GPUs in nodes of one type joined by a fabric (a job smaller than a node uses part of one)."""
+
+    gpu: GPUSpec
+    node: NodeSpec
+    gpus: int
+    fabric: Fabric
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise InputError(f"GPU count must be positive, got {self.gpus}")
+        if self.node.gpu != self.gpu.id:
+            raise InputError(f"node {self.node.id} holds {self.node.gpu}, not {self.gpu.id}")
+        if self.gpus > self.node.gpus and self.gpus % self.node.gpus:
+            raise InputError(
+                f"{self.gpus} GPUs do not fill whole {self.node.id} nodes of {self.node.gpus} GPUs; "
+                f"use a multiple of {self.node.gpus}"
+            )
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs sharing one scale-up domain (an NVL72 rack counts as one node)."""
+        return min(self.node.gpus, self.gpus)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.gpus // self.node.gpus)
+
+    @property
+    def nic_bytes_per_s_per_gpu(self) -> float:
+        """Achievable scale-out bandwidth per GPU, one direction (NIC or switch port, whichever is slower)."""
+        per_port = min(self.node.nic_gbps, self.fabric.network.link_gbps) * 1e9 / 8
+        return per_port * self.node.nics / self.node.gpus * self.fabric.network.achievable_fraction

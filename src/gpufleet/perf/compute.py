@@ -1,0 +1,165 @@
+"""Compute time of one transformer layer for one micro-batch on one GPU, after sharding.
+
+Three kinds of kernel, each against its own bound:
+* GEMMs: 2·M·N·K FLOPs at peak × the calibrated best-shape fraction × a shape factor Π d/(d+d½)
+  (small sharded dimensions run less efficiently — tp and micro-batch size change this);
+* fused attention: score FLOPs at peak × the calibrated attention fraction (flash attention's backward
+  recomputes the scores: 2.5× forward FLOPs instead of 2×);
+* memory-bound element-wise kernels (norms, residual adds, activation, rotary): bytes / (HBM × fraction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
+from gpufleet.parallel.layout import Layout
+from gpufleet.workload.flops import attention_score_flops_per_token
+from gpufleet.workload.params import attention_params
+
+#: bf16 activations
+ACTIVATION_BYTES = 2
+#: Element-wise traffic per token per layer in the forward pass, in units of `hidden` elements read
+#: or written: two norms (read+write 2·2h), two residual adds (3h each), rotary/bias on q,k (~2h).
+#: Backward moves about twice that. Judgement, documented in docs/model.md.
+ELEMENTWISE_HIDDEN_PASSES = 12
+#: Element-wise passes over the MLP intermediate: gated (read gate and up, write product) 3, plain 2.
+ELEMENTWISE_FFN_PASSES_GATED = 3
+ELEMENTWISE_FFN_PASSES_PLAIN = 2
+#: Backward element-wise traffic relative to forward.
+BACKWARD_ELEMENTWISE_RATIO = 2.0
+#: Flash attention backward FLOPs relative to forward (recomputes QK^T: 2.5x instead of 2x).
+ATTENTION_BACKWARD_RATIO = 2.5
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCompute:
+    """Seconds for one layer and one micro-batch on one GPU."""
+
+    gemm_fwd_s: float
+    attention_fwd_s: float
+    elementwise_fwd_s: float
+    gemm_flops_fwd: float
+    attention_flops_fwd: float
+
+    @property
+    def forward_s(self) -> float:
+        return self.gemm_fwd_s + self.attention_fwd_s + self.elementwise_fwd_s
+
+    @property
+    def backward_s(self) -> float:
+        return (2 * self.gemm_fwd_s + ATTENTION_BACKWARD_RATIO * self.attention_fwd_s
+                + BACKWARD_ELEMENTWISE_RATIO * self.elementwise_fwd_s)
+
+    def recompute_s(self, recompute: str) -> float:
+        """Extra forward work in the backward pass: full = whole layer, selective = attention core."""
+        if recompute == "full":
+            return self.forward_s
+        if recompute == "selective":
+            return self.attention_fwd_s
+        return 0.0
+
+    @property
+    def flops_fwd(self) -> float:
+        return self.gemm_flops_fwd + self.attention_flops_fwd
+
+
+def shape_factor(calibration: CalibrationProfile, *dims: float) -> float:
+    """Efficiency relative to the best shape: Π d/(d + d½) over the GEMM's dimensions."""
+    factor = 1.0
+    half = calibration.gemm_half_dim
+    for dim in dims:
+        factor *= dim / (dim + half)
+    return factor
+
+
+def gemm_time_s(m: float, n: float, k: float, peak_flops: float, calibration: CalibrationProfile,
+                precision: str, count: float = 1.0) -> float:
+    """Seconds for `count` GEMMs of shape M×N×K."""
+    if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+        return 0.0
+    efficiency = calibration.gemm_fraction(precision) * shape_factor(calibration, m, n, k)
+    return count * 2 * m * n * k / (peak_flops * efficiency)
+
+
+def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,
+                  *, seq_len: int, precision: Precision, moe_layer: bool) -> LayerCompute:
+    """Forward compute of one layer for one micro-batch on one GPU of `layout`."""
+    tp, cp = layout.tp, layout.cp
+    tokens = layout.micro_batch * seq_len / cp
+    h = model.hidden
+    gemm_peak = gpu.peak_flops(precision)
+    attn_peak = gpu.peak_flops("bf16" if precision in ("fp8", "fp4") else precision)
+
+    # Attention projections: QKV then output (MLA: treated as the same parameter count).
+    attn_params = attention_params(model)
+    if model.mla is None:
+        q_width = model.heads * model.head_dim_
+        kv_width = 2 * model.kv_heads * model.head_dim_
+        gemm_s = gemm_time_s(tokens, (q_width + kv_width) / tp, h, gemm_peak, calibration, precision)
+        gemm_s += gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
+        gemm_flops = 2 * tokens * h * (2 * q_width + kv_width) / tp
+    else:
+        gemm_s = gemm_time_s(tokens, attn_params / (h * tp), h, gemm_peak, calibration, precision)
+        gemm_flops = 2 * tokens * attn_params / tp
+
+    # MLP: dense, or routed + shared experts (balanced routing: each GPU processes tokens × top_k).
+    up_matrices = 2 if model.gated_mlp else 1
+    if moe_layer and model.moe is not None:
+        moe = model.moe
+        f = moe.expert_ffn_hidden
+        tokens_per_expert = tokens * moe.top_k * layout.ep / moe.experts
+        local_experts = moe.experts / layout.ep
+        gemm_s += gemm_time_s(tokens_per_expert, up_matrices * f / tp, h, gemm_peak, calibration, precision,
+                              count=local_experts)
+        gemm_s += gemm_time_s(tokens_per_expert, h, f / tp, gemm_peak, calibration, precision,
+                              count=local_experts)
+        gemm_flops += 2 * tokens * moe.top_k * (up_matrices + 1) * h * f / tp
+        if moe.shared_experts:
+            fs = f * moe.shared_experts
+            gemm_s += gemm_time_s(tokens, up_matrices * fs / tp, h, gemm_peak, calibration, precision)
+            gemm_s += gemm_time_s(tokens, h, fs / tp, gemm_peak, calibration, precision)
+            gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
+        router_flops = 2 * tokens * h * moe.experts
+        gemm_s += router_flops / (attn_peak * calibration.gemm_fraction_16bit * 0.5)
+        gemm_flops += router_flops
+        ffn_width = moe.top_k * f + moe.shared_experts * f
+    else:
+        f = model.ffn_hidden or 0
+        gemm_s += gemm_time_s(tokens, up_matrices * f / tp, h, gemm_peak, calibration, precision)
+        gemm_s += gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision)
+        gemm_flops += 2 * tokens * (up_matrices + 1) * h * f / tp
+        ffn_width = f
+
+    # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
+    attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
+    attention_s = attention_flops / (attn_peak * calibration.attention_fraction)
+
+    # Element-wise kernels: norms/residuals are sharded by tp only under sequence parallel.
+    hidden_share = h / tp if layout.sequence_parallel else h
+    ffn_passes = ELEMENTWISE_FFN_PASSES_GATED if model.gated_mlp else ELEMENTWISE_FFN_PASSES_PLAIN
+    elements = tokens * (ELEMENTWISE_HIDDEN_PASSES * hidden_share + ffn_passes * ffn_width / tp)
+    elementwise_s = elements * ACTIVATION_BYTES / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+
+    return LayerCompute(
+        gemm_fwd_s=gemm_s,
+        attention_fwd_s=attention_s,
+        elementwise_fwd_s=elementwise_s,
+        gemm_flops_fwd=gemm_flops,
+        attention_flops_fwd=attention_flops,
+    )
+
+
+def logits_compute_s(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,
+                     *, seq_len: int, precision: Precision) -> tuple[float, float]:
+    """(forward+backward seconds, forward FLOPs) of the output head and the fp32 cross-entropy."""
+    tokens = layout.micro_batch * seq_len / layout.cp
+    vocab_share = model.vocab / layout.tp
+    # The output head usually stays in bf16 even in fp8 recipes.
+    head_precision: Precision = "bf16" if precision in ("fp8", "fp4") else precision
+    peak = gpu.peak_flops(head_precision)
+    fwd_s = gemm_time_s(tokens, vocab_share, model.hidden, peak, calibration, head_precision)
+    # Cross-entropy on fp32 logits: write, read for softmax, write grad, read in backward (4 passes × 4 B).
+    loss_s = tokens * vocab_share * 4 * 4 / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+    return 3 * fwd_s + loss_s, 2 * tokens * vocab_share * model.hidden

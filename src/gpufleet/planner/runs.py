@@ -1,0 +1,171 @@
+"""Published, measured training runs in gpufleet's run schema (shared/reference/RUNS.md).
+
+`load_runs(path)` validates a YAML list of runs; `run_model`, `run_cluster` and `run_job` turn one
+run into the planner's own records. The shipped copies live in `gpufleet/catalog/runs/`.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
+from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
+from gpufleet.errors import CatalogError
+from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.parallel.layout import Recompute, Sharding
+from gpufleet.workload.job import Job
+
+_Strict = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunMoE(BaseModel):
+    model_config = _Strict
+    experts: int
+    top_k: int
+    shared_experts: int = 0
+    expert_ffn_hidden: int
+    dense_layers: int = 0
+
+
+class RunModel(BaseModel):
+    model_config = _Strict
+    name: str
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    ffn_hidden: int | None = None
+    gated_mlp: bool
+    vocab: int = Field(ge=1)
+    tied_embeddings: bool | None = None
+    moe: RunMoE | None = None
+
+
+class RunHardware(BaseModel):
+    model_config = _Strict
+    gpu: str
+    num_gpus: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    scale_out_gbps_per_gpu: float | None = Field(default=None, gt=0)
+
+
+class RunLayout(BaseModel):
+    model_config = _Strict
+    tp: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
+    dp: int | None = Field(default=None, ge=1)
+    cp: int | None = Field(default=None, ge=1)
+    ep: int | None = Field(default=None, ge=1)
+    vpp: int | None = Field(default=None, ge=1)
+    sequence_parallel: bool | None = None
+    sharding: Sharding | None = None
+    micro_batch: int | None = Field(default=None, ge=1)
+    recompute: Recompute | None = None
+
+
+class RunMeasured(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    tokens_per_s_per_gpu: float | None = None
+    step_time_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+
+
+class RunTarget(BaseModel):
+    model_config = _Strict
+    tokens_per_s_per_gpu: float = Field(gt=0)
+    how: str = ""
+
+
+class PublishedRun(BaseModel):
+    """One measured run, exactly as RUNS.md describes it."""
+
+    model_config = _Strict
+    id: str
+    source: str
+    model: RunModel
+    seq_len: int = Field(ge=1)
+    global_batch: int | None = Field(default=None, ge=1)
+    precision: Literal["bf16", "fp16", "fp8"] | None = None
+    hardware: RunHardware
+    layout: RunLayout
+    measured: RunMeasured
+    target: RunTarget
+    flop_basis: str = ""
+    quality: Literal["high", "medium", "low"]
+    notes: str = ""
+
+
+def shipped_runs_path(name: str = "published_runs.yaml") -> Path:
+    """Path of a run file shipped inside the package."""
+    return Path(str(resources.files("gpufleet.catalog") / "runs" / name))
+
+
+def load_runs(path: Path | None = None) -> list[PublishedRun]:
+    """Validate a run file (default: the shipped published runs); one-line CatalogError on bad input."""
+    path = path or shipped_runs_path()
+    document = read_yaml(path)
+    if not isinstance(document, list):
+        raise CatalogError(f"run file {path} must be a YAML list of runs (see RUNS.md)")
+    runs = []
+    for index, entry in enumerate(document):
+        try:
+            runs.append(PublishedRun.model_validate(entry))
+        except ValidationError as error:
+            label = entry.get("id", f"#{index}") if isinstance(entry, dict) else f"#{index}"
+            raise CatalogError(f"run file {path}: run {label}: {describe_validation_error(error)}") from error
+    return runs
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-") or "model"
+
+
+def run_model(run: PublishedRun) -> ModelSpec:
+    """The run's architecture as a ModelSpec (GPT-style plain MLPs get LayerNorm and biases)."""
+    spec = run.model
+    moe = None
+    if spec.moe is not None:
+        moe = MoESpec(**spec.moe.model_dump())
+    plain = not spec.gated_mlp
+    return ModelSpec(
+        id=_slug(spec.name),
+        name=spec.name,
+        source=run.source,
+        layers=spec.layers,
+        hidden=spec.hidden,
+        heads=spec.heads,
+        kv_heads=spec.kv_heads,
+        ffn_hidden=spec.ffn_hidden,
+        gated_mlp=spec.gated_mlp,
+        vocab=spec.vocab,
+        tied_embeddings=bool(spec.tied_embeddings),
+        norm="layernorm" if plain else "rmsnorm",
+        linear_bias=plain,
+        moe=moe,
+    )
+
+
+def run_job(run: PublishedRun, global_batch: int) -> Job:
+    precision = run.precision or "bf16"
+    return Job(model=run_model(run), tokens=1e12, seq_len=run.seq_len, global_batch=global_batch,
+               precision=precision)
+
+
+def run_cluster(run: PublishedRun, catalog: Catalog) -> Cluster:
+    """The run's cluster: the catalog GPU and node, with the run's per-GPU scale-out bandwidth."""
+    hardware = run.hardware
+    gpu = catalog.gpu(hardware.gpu)
+    node: NodeSpec = catalog.node_for_gpu(hardware.gpu)
+    changes: dict[str, object] = {"gpus": hardware.gpus_per_node}
+    if hardware.scale_out_gbps_per_gpu is not None:
+        changes.update(nics=hardware.gpus_per_node, nic_gbps=hardware.scale_out_gbps_per_gpu)
+    node = node.model_copy(update=changes)
+    network = catalog.network(node.default_network)
+    return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))

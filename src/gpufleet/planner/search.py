@@ -1,0 +1,135 @@
+"""Layout search: enumerate legal layouts, drop those that do not fit (counting why), estimate the rest."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.errors import LayoutError
+from gpufleet.fabric.topology import Cluster
+from gpufleet.parallel.layout import RECOMPUTES, Layout, Recompute, Sharding, validate_layout
+from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory
+from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
+from gpufleet.workload.job import Job
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which values of each free degree the search tries (judgement: the values frameworks use)."""
+
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
+    shardings: tuple[Sharding, ...] = ("none", "zero1", "zero3")
+    recomputes: tuple[Recompute, ...] = RECOMPUTES
+    vpps: tuple[int, ...] = (1, 2, 4)
+    cps: tuple[int, ...] = (1, 2, 4, 8, 16)
+    max_tp: int | None = None  # default: the scale-up domain (TP across nodes is never faster)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A layout that fits, with its memory and step estimate."""
+
+    layout: Layout
+    peak_stage: int
+    memory: MemoryBreakdown
+    step: StepEstimate
+
+
+@dataclass
+class SearchResult:
+    """Ranked feasible layouts plus the counts of what was tried and why the rest failed."""
+
+    feasible: list[Candidate]
+    tried: int
+    infeasible: Counter[str] = field(default_factory=Counter)
+    closest_misses: list[tuple[Layout, float]] = field(default_factory=list)  # (layout, bytes over HBM)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.feasible[0] if self.feasible else None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = None,
+                      fixed: dict[str, Any] | None = None) -> Iterator[Layout]:
+    """Every combination of degrees the space allows; `fixed` pins fields (e.g. from a published run)."""
+    space = space or SearchSpace()
+    fixed = fixed or {}
+    model = job.model
+    n = cluster.gpus
+    max_tp = space.max_tp or cluster.gpus_per_node
+
+    def options(name: str, values: list[Any] | tuple[Any, ...]) -> list[Any]:
+        return [fixed[name]] if fixed.get(name) is not None else list(values)
+
+    tps = options("tp", [t for t in divisors(n) if t <= max_tp and model.heads % t == 0])
+    for tp in tps:
+        for cp in options("cp", [c for c in space.cps if job.seq_len % (2 * c) == 0 or c == 1]):
+            for pp in options("pp", [p for p in divisors(n // tp) if p <= model.layers]):
+                if n % (tp * cp * pp):
+                    continue
+                dp = n // (tp * cp * pp)
+                if fixed.get("dp") is not None and fixed["dp"] != dp:
+                    continue
+                if job.global_batch % dp:
+                    continue
+                per_replica = job.global_batch // dp
+                eps = [1]
+                if model.moe is not None:
+                    eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
+                for ep in options("ep", eps):
+                    for vpp in options("vpp", [v for v in space.vpps if v == 1 or pp > 1]):
+                        for mb in options("micro_batch", [b for b in space.micro_batches if per_replica % b == 0]):
+                            for sharding in options("sharding", space.shardings):
+                                for recompute in options("recompute", space.recomputes):
+                                    sps = [True, False] if tp > 1 else [False]
+                                    for sp in options("sequence_parallel", sps):
+                                        yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
+                                                     sequence_parallel=sp, sharding=sharding,
+                                                     micro_batch=mb, recompute=recompute)
+
+
+def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
+             options: StepOptions | None = None) -> Candidate | tuple[str, float]:
+    """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit."""
+    try:
+        validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
+    except LayoutError as error:
+        return f"invalid: {error.constraint}", 0.0
+    stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
+                                      precision=job.precision)
+    over = memory.total_bytes - cluster.gpu.hbm_bytes
+    if over > 0:
+        return "memory", over
+    return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
+
+
+def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space: SearchSpace | None = None,
+           fixed: dict[str, Any] | None = None, options: StepOptions | None = None,
+           progress: Callable[[int], None] | None = None) -> SearchResult:
+    """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
+    feasible: list[Candidate] = []
+    reasons: Counter[str] = Counter()
+    misses: list[tuple[Layout, float]] = []
+    tried = 0
+    for layout in enumerate_layouts(job, cluster, space, fixed):
+        tried += 1
+        outcome = evaluate(job, layout, cluster, calibration, options)
+        if isinstance(outcome, Candidate):
+            feasible.append(outcome)
+        else:
+            reason, over = outcome
+            reasons[reason] += 1
+            if reason == "memory":
+                misses.append((layout, over))
+        if progress is not None and tried % 256 == 0:
+            progress(tried)
+    feasible.sort(key=lambda c: c.step.step_s)
+    misses.sort(key=lambda item: item[1])
+    return SearchResult(feasible, tried, reasons, misses[:5])

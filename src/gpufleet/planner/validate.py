@@ -1,0 +1,125 @@
+"""Predict published runs with their own layouts and score the error (RUNS.md's scoring)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.registry import Catalog
+from gpufleet.errors import GpufleetError
+from gpufleet.parallel.layout import Layout
+from gpufleet.perf.step import StepEstimate, StepOptions
+from gpufleet.planner.runs import PublishedRun, run_cluster, run_job
+from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
+
+_FILLABLE = ("cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
+
+
+@dataclass
+class RunPrediction:
+    """One run: predicted vs target tokens/s per GPU, or why it was skipped."""
+
+    id: str
+    quality: str
+    target_tokens_per_s_per_gpu: float
+    predicted_tokens_per_s_per_gpu: float | None = None
+    status: str = "ok"
+    filled: list[str] = field(default_factory=list)
+    reason: str | None = None
+    layout: Layout | None = None
+    step: StepEstimate | None = None
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_tokens_per_s_per_gpu is None:
+            return None
+        return self.predicted_tokens_per_s_per_gpu / self.target_tokens_per_s_per_gpu - 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "quality": self.quality,
+            "predicted_tokens_per_s_per_gpu": self.predicted_tokens_per_s_per_gpu,
+            "target_tokens_per_s_per_gpu": self.target_tokens_per_s_per_gpu,
+            "error": self.error,
+            "status": self.status,
+            "filled": self.filled,
+            "reason": self.reason,
+            "layout": self.layout.short() if self.layout else None,
+        }
+
+
+def calibration_for(catalog: Catalog, gpu_id: str) -> CalibrationProfile:
+    return catalog.get("calibrations", gpu_id, CalibrationProfile)
+
+
+def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None) -> RunPrediction:
+    """Predict one run with its own layout; nulls other than tp/pp/dp are filled by the planner."""
+    result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu)
+    given = run.layout
+    missing_core = [name for name in ("tp", "pp", "dp") if getattr(given, name) is None]
+    if missing_core:
+        result.status, result.reason = "skipped", f"layout lacks {', '.join(missing_core)}"
+        return result
+    if run.global_batch is None:
+        result.status, result.reason = "skipped", "global_batch is null"
+        return result
+    try:
+        cluster = run_cluster(run, catalog)
+        job = run_job(run, run.global_batch)
+        calibration = calibration_for(catalog, cluster.gpu.id)
+        fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
+        if fixed["cp"] is None:
+            fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
+                else None
+        result.filled = [name for name in _FILLABLE if fixed[name] is None]
+        if not result.filled:
+            layout = Layout(**{k: v for k, v in fixed.items()})
+            outcome = evaluate(job, layout, cluster, calibration, options)
+            if not isinstance(outcome, Candidate):
+                reason, over = outcome
+                # A published run did fit: report the prediction anyway, and say the memory model disagrees.
+                if reason == "memory":
+                    from gpufleet.perf.step import estimate_step
+
+                    step = estimate_step(job, layout, cluster, calibration, options)
+                    result.reason = f"memory model says {over / 2**30:.1f} GiB over HBM"
+                    result.layout, result.step = layout, step
+                    result.predicted_tokens_per_s_per_gpu = step.tokens_per_s_per_gpu
+                    return result
+                result.status, result.reason = "skipped", reason
+                return result
+            candidate = outcome
+        else:
+            found = search(job, cluster, calibration, space=SearchSpace(max_tp=64), fixed=fixed, options=options)
+            if found.best is None:
+                result.status, result.reason = "skipped", f"no layout fits ({dict(found.infeasible)})"
+                return result
+            candidate = found.best
+        result.layout, result.step = candidate.layout, candidate.step
+        result.predicted_tokens_per_s_per_gpu = candidate.step.tokens_per_s_per_gpu
+    except GpufleetError as error:
+        result.status, result.reason = "skipped", str(error)
+    return result
+
+
+def summarize(predictions: list[RunPrediction]) -> dict[str, Any]:
+    """Median |error| and worst per quality level and over all runs that were predicted."""
+
+    def stats(rows: list[RunPrediction]) -> dict[str, Any]:
+        errors = [abs(r.error) for r in rows if r.error is not None]
+        if not errors:
+            return {"runs": 0, "median_abs_error": None, "worst_abs_error": None, "worst_id": None}
+        worst = max((r for r in rows if r.error is not None), key=lambda r: abs(r.error or 0))
+        return {"runs": len(errors), "median_abs_error": statistics.median(errors),
+                "worst_abs_error": max(errors), "worst_id": worst.id}
+
+    ok = [p for p in predictions if p.status == "ok"]
+    summary: dict[str, Any] = {"all": stats(ok)}
+    for quality in ("high", "medium", "low"):
+        summary[quality] = stats([p for p in ok if p.quality == quality])
+    summary["high+medium"] = stats([p for p in ok if p.quality in ("high", "medium")])
+    summary["skipped"] = [p.id for p in predictions if p.status == "skipped"]
+    return summary
