@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
 from rich.console import Console
@@ -12,7 +12,7 @@ from rich.table import Table
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InputError
-from gpufleet.parallel.layout import RECOMPUTES, SHARDINGS, Layout, validate_layout
+from gpufleet.parallel.layout import RECOMPUTES, SHARDINGS, Layout, Recompute, Sharding, validate_layout
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
 
 GIB = 2**30
@@ -104,9 +104,9 @@ def register(app: typer.Typer) -> None:
             ep=ep,
             vpp=vpp,
             sequence_parallel=sequence_parallel and tp > 1,
-            sharding=sharding,
+            sharding=cast(Sharding, sharding),
             micro_batch=micro_batch,
-            recompute=recompute,  # type: ignore[arg-type]
+            recompute=cast(Recompute, recompute),
             offload_optimizer=offload_optimizer,
             hsdp_group=hsdp_group,
         )
@@ -118,8 +118,8 @@ def register(app: typer.Typer) -> None:
 
         def render(console: Console) -> None:
             table = Table(
-                title=f"{spec.id} on {gpus}x {gpu_spec.id}: {layout.short()}, seq {seq}, global batch {batch}, "
-                f"{precision} — GiB per GPU",
+                title=f"{spec.id} on {gpus}x {gpu_spec.id}: {layout.short()}, seq {seq}, "
+                f"global batch {batch}, {precision} — GiB per GPU",
                 title_justify="left",
             )
             table.add_column("stage", justify="right")
@@ -142,8 +142,8 @@ def register(app: typer.Typer) -> None:
             peak = stages[data["peak_stage"]].as_dict()
             largest = max(peak, key=lambda kind: peak[kind])
             out.fail(
-                f"does not fit: stage {data['peak_stage']} needs {data['peak_bytes'] / GIB:.1f} GiB per GPU but "
-                f"{gpu_spec.id} has {data['hbm_bytes'] / GIB:.1f} GiB (largest part: {largest} "
+                f"does not fit: stage {data['peak_stage']} needs {data['peak_bytes'] / GIB:.1f} GiB per GPU "
+                f"but {gpu_spec.id} has {data['hbm_bytes'] / GIB:.1f} GiB (largest part: {largest} "
                 f"{peak[largest] / GIB:.1f} GiB; try more tp/pp, --sharding, --recompute or a smaller "
                 "--micro-batch)",
                 EXIT_CHECK_FAILED,
