@@ -169,7 +169,7 @@ class Catalog:
         for kind in KINDS:
             if name in self.records(kind):
                 return kind, self.records(kind)[name]
-        every = [n for kind in KINDS for n in self.records(kind)]
+        every = sorted({n for kind in KINDS for n in self.records(kind)})
         raise UnknownNameError("catalog entry", name, every)
 
 

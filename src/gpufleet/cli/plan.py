@@ -1,0 +1,262 @@
+"""`gpufleet plan`: every layout that fits, ranked by time-to-train (or cost), with --explain."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.errors import InfeasibleError, InputError
+from gpufleet.fabric.topology import TOPOLOGY_KINDS
+from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
+from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
+
+GIB = 2**30
+DAY_S = 86400.0
+
+
+def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
+    step = plan.candidate.step
+    memory = plan.candidate.memory
+    data: dict[str, Any] = {
+        "rank": plan.rank,
+        "layout": {
+            "tp": plan.layout.tp, "pp": plan.layout.pp, "dp": plan.layout.dp, "cp": plan.layout.cp,
+            "ep": plan.layout.ep, "vpp": plan.layout.vpp, "sequence_parallel": plan.layout.sequence_parallel,
+            "sharding": plan.layout.sharding, "micro_batch": plan.layout.micro_batch,
+            "recompute": plan.layout.recompute, "label": plan.layout.short(),
+        },
+        "peak_memory_bytes": memory.total_bytes,
+        "hbm_bytes": result.cluster.gpu.hbm_bytes,
+        "memory": memory.as_dict(),
+        "step_s": step.step_s,
+        "tokens_per_s": step.tokens_per_s,
+        "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
+        "mfu": step.mfu,
+        "hfu": step.hfu,
+        "train_time_s": plan.train_time_s,
+        "time_to_train_s": plan.wall_time_s,
+        "parts": {name: {"exposed_s": part.exposed_s, "hidden_s": part.hidden_s, "link": part.link}
+                  for name, part in step.parts.items()},
+    }
+    econ = plan.economics
+    if econ is not None:
+        data["goodput"] = econ.goodput
+        data["cost"] = {
+            "offers": [{"name": o.name, "usd": o.usd, "usd_per_gpu_hour": o.usd_per_gpu_hour} for o in econ.offers],
+            "onprem_usd": econ.onprem_usd,
+        }
+        data["power"] = {"it_power_max_w": econ.it_power_max_w, "facility_power_w": econ.facility_power_w,
+                         "racks": econ.racks}
+        data["reliability"] = {"interruptions_expected": econ.interruptions_expected,
+                               "checkpoint_interval_s": econ.checkpoint_interval_s}
+    return data
+
+
+def result_to_dict(result: PlanResult) -> dict[str, Any]:
+    job, cluster = result.job, result.cluster
+    return {
+        "job": {"model": job.model.id, "tokens": job.tokens, "seq_len": job.seq_len,
+                "global_batch": job.global_batch, "precision": job.precision},
+        "cluster": {"gpu": cluster.gpu.id, "gpus": cluster.gpus, "node": cluster.node.id,
+                    "network": cluster.fabric.network.id, "topology": cluster.fabric.kind,
+                    "oversubscription": cluster.fabric.oversubscription},
+        "search": {"tried": result.search.tried, "feasible": len(result.search.feasible),
+                   "infeasible": dict(result.search.infeasible)},
+        "plans": [plan_to_dict(p, result) for p in result.plans],
+    }
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / DAY_S:.1f} d" if seconds >= DAY_S else f"{seconds / 3600:.1f} h"
+
+
+def render_result(console: Console, result: PlanResult) -> None:
+    job, cluster = result.job, result.cluster
+    console.print(
+        f"[bold]{job.model.name}[/bold], {job.tokens / 1e9:,.0f}B tokens, seq {job.seq_len}, "
+        f"batch {job.global_batch} ({job.precision}) on {cluster.gpus} x {cluster.gpu.id} "
+        f"({cluster.node.id}, {cluster.fabric.network.id} {cluster.fabric.kind} "
+        f"{cluster.fabric.oversubscription:g}:1)"
+    )
+    reasons = ", ".join(f"{n} {r}" for r, n in result.search.infeasible.most_common())
+    console.print(f"layouts tried {result.search.tried}: {len(result.search.feasible)} fit; "
+                  f"rejected: {reasons or 'none'}")
+    table = Table(show_lines=False)
+    for column in ("#", "layout", "mem / HBM", "step", "tok/s/GPU", "MFU", "goodput", "time-to-train",
+                   "cheapest cloud"):
+        table.add_column(column, justify="left" if column == "layout" else "right", no_wrap=column == "layout")
+    for plan in result.plans:
+        step = plan.candidate.step
+        econ = plan.economics
+        cheapest = econ.cheapest_offer if econ else None
+        table.add_row(
+            str(plan.rank), plan.layout.short(),
+            f"{plan.candidate.memory.total_bytes / GIB:.0f}/{cluster.gpu.hbm_bytes / GIB:.0f} GiB",
+            f"{step.step_s:.2f} s", f"{step.tokens_per_s_per_gpu:,.0f}", f"{step.mfu:.1%}",
+            f"{econ.goodput:.1%}" if econ else "-", _days(plan.wall_time_s),
+            f"${cheapest.usd / 1e6:,.2f}M {cheapest.name}" if cheapest else "-",
+        )
+    console.print(table)
+
+
+def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:
+    step = plan.candidate.step
+    console.print(f"[bold]plan #{plan.rank}[/bold]: {plan.layout.short()} — step {step.step_s:.3f} s, "
+                  f"{step.micro_batches} micro-batches, MFU {step.mfu:.1%}, HFU {step.hfu:.1%}")
+    table = Table(title="step time by part (per GPU on the critical path)", title_justify="left")
+    for column in ("part", "exposed", "hidden", "share", "link / bound"):
+        table.add_column(column, justify="left" if column in ("part", "link / bound") else "right")
+    for name, part in step.parts.items():
+        if part.total_s <= 0:
+            continue
+        table.add_row(name, f"{part.exposed_s * 1e3:,.1f} ms", f"{part.hidden_s * 1e3:,.1f} ms",
+                      f"{part.exposed_s / step.step_s:.1%}", part.link)
+    console.print(table)
+    memory = plan.candidate.memory
+    console.print("memory (worst stage " + str(plan.candidate.peak_stage) + "): " + ", ".join(
+        f"{kind} {value / GIB:.1f} GiB" for kind, value in memory.as_dict().items()))
+    econ = plan.economics
+    if econ:
+        console.print(f"reliability: {econ.interruptions_per_day:.2f} interruptions/day, checkpoint every "
+                      f"{econ.checkpoint_interval_s / 60:.0f} min, goodput {econ.goodput:.1%}; power "
+                      f"{econ.it_power_max_w / 1e3:,.0f} kW IT max, {econ.racks} racks")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan(
+        model: str = typer.Option("llama3-8b", "--model", "-m", help="Model id (gpufleet catalog list models)."),
+        tokens: str = typer.Option("1T", "--tokens", "-t", help="Training tokens, e.g. 15T, 300B."),
+        gpu: str = typer.Option("h100-sxm", "--gpu", "-g", help="GPU id (gpufleet catalog list gpus)."),
+        gpus: str = typer.Option("64", "--gpus", "-n",
+                                 help="GPU count; a list 64,128 or a range 64-1024 sweeps the scale."),
+        node: str = typer.Option(None, "--node", help="Node id; default: the catalog's node for the GPU."),
+        fabric: str = typer.Option(None, "--fabric", "--network",
+                                   help="Scale-out network id (ndr400, roce200, socket …); default: the node's."),
+        topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
+        oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 4:1."),
+        seq: int = typer.Option(4096, "--seq", help="Sequence length in tokens."),
+        global_batch: int = typer.Option(None, "--global-batch",
+                                         help="Sequences per step; default ~4M tokens per step."),
+        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16, fp8 (fp8 GEMMs) or fp4."),
+        top: int = typer.Option(5, "--top", help="How many plans to show."),
+        explain: int = typer.Option(None, "--explain", help="Break plan RANK down part by part."),
+        rank_by: str = typer.Option("time", "--rank-by", help="time (time-to-train) or cost (cheapest cloud)."),
+        deadline: str = typer.Option(None, "--deadline",
+                                     help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
+        budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
+        catalog: list[Path] = CatalogOption,
+        json: bool = JsonOption,
+    ) -> None:
+        """Rank every parallel layout that fits in memory by time-to-train.
+
+        Examples:
+
+        * `gpufleet plan` — Llama 3.1 8B, 1T tokens on 64 H100s.
+        * `gpufleet plan -m llama3-70b -t 15T -g h100-sxm -n 1024 --explain 1`
+        * `gpufleet plan -m llama3-70b -t 2T -n 256-4096 --deadline 30d` — smallest cluster that meets it.
+        """
+        out = Output(json)
+        cat = open_catalog(catalog)
+        if topology not in TOPOLOGY_KINDS:
+            raise InputError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
+        if rank_by not in ("time", "cost"):
+            raise InputError(f"--rank-by must be time or cost, got {rank_by!r}")
+        if precision not in ("bf16", "fp16", "fp8", "fp4"):
+            raise InputError(f"--precision must be bf16, fp16, fp8 or fp4, got {precision!r}")
+        if seq < 1 or (global_batch is not None and global_batch < 1):
+            raise InputError("--seq and --global-batch must be positive")
+        if budget is not None and budget <= 0:
+            raise InputError(f"--budget must be positive, got {budget}")
+        counts = parse_int_list(gpus, "--gpus")
+        deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
+        base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
+                           network=fabric, topology=topology,  # type: ignore[arg-type]
+                           oversubscription=parse_ratio(oversubscription), seq_len=seq,
+                           global_batch=global_batch, precision=precision,  # type: ignore[arg-type]
+                           top=max(top, explain or 1), rank_by=rank_by)  # type: ignore[arg-type]
+        if len(counts) == 1 and deadline_s is None:
+            result = make_plan(base, cat)
+            _emit_single(out, result, explain, budget, top)
+            return
+        _emit_sweep(out, cat, base, counts, deadline_s)
+
+    def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int) -> None:
+        if budget is not None:
+            within = [p for p in result.plans if p.cheapest_usd is not None and p.cheapest_usd <= budget]
+            if not within:
+                out.fail(f"no plan's cheapest cloud cost fits the ${budget:,.0f} budget; cheapest is "
+                         f"${min((p.cheapest_usd or float('inf')) for p in result.plans):,.0f}", EXIT_CHECK_FAILED)
+            result.plans = sorted(within, key=lambda p: p.wall_time_s)
+        if explain is not None and not 1 <= explain <= len(result.plans):
+            raise InputError(f"--explain must be between 1 and {len(result.plans)}")
+        shown = result.plans[:top]
+        data = result_to_dict(result)
+        data["plans"] = [plan_to_dict(p, result) for p in shown]
+
+        def render(console: Console) -> None:
+            view = PlanResult(result.request, result.job, result.cluster, result.search, shown)
+            render_result(console, view)
+            if explain is not None:
+                render_explain(console, result.plans[explain - 1], result)
+
+        out.emit(data, render)
+
+    def _emit_sweep(out: Output, cat: Any, base: PlanRequest, counts: list[int], deadline_s: float | None) -> None:
+        rows: list[dict[str, Any]] = []
+        started = time.monotonic()
+        chosen: dict[str, Any] | None = None
+        with Progress(transient=True, disable=out.json_mode) as progress:
+            task = progress.add_task("planning", total=len(counts))
+            for count in sorted(counts):
+                request = PlanRequest(**{**base.__dict__, "gpus": count, "top": 1})
+                try:
+                    result = make_plan(request, cat)
+                except InfeasibleError as error:
+                    rows.append({"gpus": count, "fits": False, "reason": str(error)})
+                else:
+                    best = result.plans[0]
+                    row = {"gpus": count, "fits": True, **plan_to_dict(best, result)}
+                    rows.append(row)
+                    if deadline_s is not None and chosen is None and best.wall_time_s <= deadline_s:
+                        chosen = row
+                progress.advance(task)
+                if time.monotonic() - started < 1.0:
+                    progress.update(task, visible=False)
+                else:
+                    progress.update(task, visible=True)
+        data: dict[str, Any] = {"sweep": rows}
+        if deadline_s is not None:
+            data["deadline_s"] = deadline_s
+            data["smallest_meeting_deadline"] = chosen["gpus"] if chosen else None
+
+        def render(console: Console) -> None:
+            table = Table(title="scaling sweep (best plan per GPU count)", title_justify="left")
+            for column in ("GPUs", "layout", "step", "tok/s/GPU", "MFU", "time-to-train"):
+                table.add_column(column, justify="left" if column == "layout" else "right")
+            for row in rows:
+                if not row["fits"]:
+                    table.add_row(str(row["gpus"]), "[red]does not fit[/red]", "", "", "", "")
+                    continue
+                table.add_row(str(row["gpus"]), row["layout"]["label"], f"{row['step_s']:.2f} s",
+                              f"{row['tokens_per_s_per_gpu']:,.0f}", f"{row['mfu']:.1%}",
+                              _days(row["time_to_train_s"]))
+            console.print(table)
+            if deadline_s is not None:
+                if chosen:
+                    console.print(f"smallest cluster meeting {_days(deadline_s)}: [bold]{chosen['gpus']} GPUs[/bold]"
+                                  f" ({_days(chosen['time_to_train_s'])})")
+                else:
+                    console.print(f"[red]no GPU count in the sweep meets {_days(deadline_s)}[/red]")
+
+        out.emit(data, render)
+        if deadline_s is not None and chosen is None:
+            raise typer.Exit(EXIT_CHECK_FAILED)

@@ -1,0 +1,78 @@
+"""`gpufleet validate`: predict published, measured runs with their own layouts and print the error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.output import Output
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("validate")
+    def validate(
+        runs: Path = typer.Option(None, "--runs", help="A run file in the RUNS.md schema; default: the shipped "
+                                  "published runs."),
+        rank: bool = typer.Option(False, "--rank", help="Also score how well the planner ranks layouts within "
+                                  "groups of runs of the same model, GPU and GPU count."),
+        catalog: list[Path] = CatalogOption,
+        json: bool = JsonOption,
+    ) -> None:
+        """Predict each run's tokens/s per GPU and report predicted, target and error.
+
+        Null layout fields other than tp/pp/dp are filled with the planner's best choice (listed);
+        runs that cannot be predicted are listed as skipped with the reason.
+        """
+        from gpufleet.planner.runs import load_runs
+        from gpufleet.planner.validate import predict_run, summarize
+
+        out = Output(json)
+        cat = open_catalog(catalog)
+        loaded = load_runs(runs)
+        predictions = [predict_run(run, cat) for run in loaded]
+        summary = summarize(predictions)
+        data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary}
+        ranking = None
+        if rank:
+            from gpufleet.planner.ranking import rank_groups
+
+            ranking = rank_groups(loaded, predictions)
+            data["ranking"] = ranking
+
+        def render(console: Console) -> None:
+            table = Table(title=f"published runs ({len(predictions)})", title_justify="left")
+            for column in ("run", "quality", "layout", "predicted", "target", "error", "note"):
+                table.add_column(column, justify="right" if column in ("predicted", "target", "error") else "left")
+            for p in predictions:
+                note = p.reason or (f"filled: {', '.join(p.filled)}" if p.filled else "")
+                table.add_row(p.id, p.quality, p.layout.short() if p.layout else "-",
+                              f"{p.predicted_tokens_per_s_per_gpu:,.0f}" if p.predicted_tokens_per_s_per_gpu else "-",
+                              f"{p.target_tokens_per_s_per_gpu:,.0f}", _pct(p.error), note)
+            console.print(table)
+            stats = Table(title="median and worst |error| (tokens/s per GPU)", title_justify="left")
+            for column in ("runs", "n", "median |error|", "worst |error|", "worst run"):
+                stats.add_column(column)
+            for key in ("high", "medium", "high+medium", "low", "all"):
+                row = summary[key]
+                stats.add_row(key, str(row["runs"]),
+                              f"{row['median_abs_error']:.1%}" if row["median_abs_error"] is not None else "-",
+                              f"{row['worst_abs_error']:.1%}" if row["worst_abs_error"] is not None else "-",
+                              row["worst_id"] or "-")
+            console.print(stats)
+            if summary["skipped"]:
+                console.print(f"skipped: {', '.join(summary['skipped'])}")
+            if ranking is not None:
+                from gpufleet.planner.ranking import render_ranking
+
+                render_ranking(console, ranking)
+
+        out.emit(data, render)

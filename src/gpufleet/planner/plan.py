@@ -1,0 +1,152 @@
+"""The planning request shared by the CLI and the Python API, and the plans it produces.
+
+`make_plan(request, catalog)` resolves names, searches every legal layout, ranks the ones that fit,
+and adds time-to-train with failures, cost and power (economics) to the top plans.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.records import Precision
+from gpufleet.catalog.registry import Catalog
+from gpufleet.economics.run import RunEconomics, run_economics
+from gpufleet.errors import GpufleetError, InfeasibleError, InputError
+from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
+from gpufleet.parallel.layout import Layout
+from gpufleet.perf.step import StepOptions, run_time_s
+from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, search
+from gpufleet.workload.job import Job
+from gpufleet.workload.params import count_params
+
+RankBy = Literal["time", "cost"]
+
+#: Checkpoint = bf16 weights + fp32 master weights + Adam m and v: 2 + 4 + 4 + 4 bytes per parameter.
+CHECKPOINT_BYTES_PER_PARAM = 14
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything a plan depends on; the CLI builds exactly this."""
+
+    model: str = "llama3-8b"
+    tokens: float = 1e12
+    gpu: str = "h100-sxm"
+    gpus: int = 64
+    node: str | None = None  # default: the catalog's node for the GPU
+    network: str | None = None  # default: the node's network
+    topology: TopologyKind = "fat-tree"
+    oversubscription: float = 1.0
+    seq_len: int = 4096
+    global_batch: int | None = None  # default: ~4M tokens per step (rounded to a power of two)
+    precision: Precision = "bf16"
+    top: int = 5
+    rank_by: RankBy = "time"
+    options: StepOptions = field(default_factory=StepOptions)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One ranked plan: layout, memory, step, and the run it implies."""
+
+    rank: int
+    candidate: Candidate
+    train_time_s: float  # failure-free
+    economics: RunEconomics | None
+
+    @property
+    def layout(self) -> Layout:
+        return self.candidate.layout
+
+    @property
+    def wall_time_s(self) -> float:
+        return self.economics.wall_time_s if self.economics else self.train_time_s
+
+    @property
+    def cheapest_usd(self) -> float | None:
+        if self.economics is None or self.economics.cheapest_offer is None:
+            return None
+        return self.economics.cheapest_offer.usd
+
+
+@dataclass
+class PlanResult:
+    request: PlanRequest
+    job: Job
+    cluster: Cluster
+    search: SearchResult
+    plans: list[Plan]
+
+
+def default_global_batch(seq_len: int, gpus: int) -> int:
+    """About 4M tokens per step (Llama 3's recipe), at least one sequence per GPU, a power of two."""
+    target = max(4 * 2**20 // seq_len, gpus)
+    return 2 ** math.ceil(math.log2(target))
+
+
+def build_cluster(request: PlanRequest, catalog: Catalog) -> Cluster:
+    gpu = catalog.gpu(request.gpu)
+    node = catalog.node(request.node) if request.node else catalog.node_for_gpu(gpu.id)
+    network = catalog.network(request.network or node.default_network)
+    fabric = Fabric(network=network, kind=request.topology, oversubscription=request.oversubscription)
+    return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric)
+
+
+def build_job(request: PlanRequest, catalog: Catalog) -> Job:
+    model = catalog.model(request.model)
+    batch = request.global_batch or default_global_batch(request.seq_len, request.gpus)
+    return Job(model=model, tokens=request.tokens, seq_len=request.seq_len, global_batch=batch,
+               precision=request.precision)
+
+
+def calibration_for(catalog: Catalog, gpu_id: str) -> CalibrationProfile:
+    """The GPU's calibration profile (a user profile with the same id overrides the built-in one)."""
+    return catalog.get("calibrations", gpu_id, CalibrationProfile)
+
+
+def make_plan(request: PlanRequest, catalog: Catalog,
+              progress: Callable[[int], None] | None = None) -> PlanResult:
+    """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits."""
+    if request.top < 1:
+        raise InputError(f"--top must be at least 1, got {request.top}")
+    cluster = build_cluster(request, catalog)
+    job = build_job(request, catalog)
+    gpu = cluster.gpu
+    gpu.peak_flops(job.precision)  # fail early on an unsupported precision
+    calibration = calibration_for(catalog, gpu.id)
+    found = search(job, cluster, calibration, space=SearchSpace(), options=request.options, progress=progress)
+    if not found.feasible:
+        raise InfeasibleError(describe_no_fit(found, cluster))
+    checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
+    ranked: list[Plan] = []
+    pool = found.feasible[: max(request.top * 4, 20)]
+    for candidate in pool:
+        train_s = run_time_s(job, candidate.step)
+        try:
+            economics = run_economics(catalog, node=cluster.node, gpus=cluster.gpus, train_time_s=train_s,
+                                      checkpoint_bytes=checkpoint_bytes, utilization_mfu=candidate.step.mfu)
+        except GpufleetError:
+            economics = None
+        ranked.append(Plan(0, candidate, train_s, economics))
+    if request.rank_by == "cost":
+        ranked.sort(key=lambda p: (p.cheapest_usd if p.cheapest_usd is not None else math.inf, p.wall_time_s))
+    else:
+        ranked.sort(key=lambda p: p.wall_time_s)
+    plans = [Plan(i + 1, p.candidate, p.train_time_s, p.economics) for i, p in enumerate(ranked[: request.top])]
+    return PlanResult(request, job, cluster, found, plans)
+
+
+def describe_no_fit(found: SearchResult, cluster: Cluster) -> str:
+    """Why nothing fits: counts by reason, the smallest shortfall and the layout that came closest."""
+    reasons = ", ".join(f"{count} {reason}" for reason, count in found.infeasible.most_common())
+    if found.closest_misses:
+        layout, over = found.closest_misses[0]
+        return (f"no layout fits on {cluster.gpus} x {cluster.gpu.id} ({found.tried} tried: {reasons}); "
+                f"closest: {layout.short()} needs {over / 2**30:.1f} GiB more than the "
+                f"{cluster.gpu.hbm_bytes / 2**30:.0f} GiB of HBM — add GPUs, shorten the sequence, "
+                f"or use a GPU with more memory")
+    return f"no legal layout for this job on {cluster.gpus} GPUs ({found.tried} tried: {reasons})"
