@@ -252,3 +252,9 @@ def test_onprem_rate_falls_with_utilization(low: float, high: float) -> None:
     low, high = sorted((low, high))
     tco = _simple_tco(energy_busy=50_000)
     assert tco.usd_per_gpu_hour(high) <= tco.usd_per_gpu_hour(low) + 1e-12
+
+
+def test_every_offer_names_a_catalog_gpu(catalog: Catalog) -> None:
+    gpus = set(catalog.records("gpus"))
+    for record in catalog.records("cloud_offers").values():
+        assert isinstance(record, CloudOffer) and record.gpu in gpus, record.id
