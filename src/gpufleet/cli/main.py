@@ -15,8 +15,8 @@ import typer
 
 import gpufleet.cli as cli_package
 from gpufleet import __version__
-from gpufleet.cli.output import EXIT_USAGE, fail
-from gpufleet.errors import GpufleetError
+from gpufleet.cli.output import EXIT_CHECK_FAILED, EXIT_USAGE, fail
+from gpufleet.errors import GpufleetError, InfeasibleError
 
 _NOT_COMMANDS = {"main", "output", "common"}
 
@@ -59,6 +59,8 @@ def run(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="gpufleet", standalone_mode=False)
+    except InfeasibleError as error:  # well-formed but impossible: a failed check, not a usage error
+        fail(str(error), EXIT_CHECK_FAILED)
     except GpufleetError as error:
         fail(str(error), EXIT_USAGE)
     except typer.Exit as error:

@@ -176,13 +176,17 @@ def register(app: typer.Typer) -> None:
             raise InputError("--seq and --global-batch must be positive")
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
+        if top < 1:
+            raise InputError(f"--top must be at least 1, got {top}")
+        if explain is not None and not 1 <= explain <= top:
+            raise InputError(f"--explain RANK must be between 1 and --top ({top})")
         counts = parse_int_list(gpus, "--gpus")
         deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
                            network=fabric, topology=topology,  # type: ignore[arg-type]
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
                            global_batch=global_batch, precision=precision,  # type: ignore[arg-type]
-                           top=max(top, explain or 1), rank_by=rank_by)  # type: ignore[arg-type]
+                           top=top, rank_by=rank_by)  # type: ignore[arg-type]
         if len(counts) == 1 and deadline_s is None:
             result = make_plan(base, cat)
             _emit_single(out, result, explain, budget, top)

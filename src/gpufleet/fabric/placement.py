@@ -76,10 +76,9 @@ def group_span(layout: Layout, kind: GroupKind, cluster: Cluster, placement: Pla
     if nodes == 1:
         return GroupSpan(size, per_node, 1, 1, 1)
     if placement == "scatter":
+        # A topology-blind scheduler: consecutive ranks of the ring sit under different leaves.
         total_leaves = max(1, math.ceil(cluster.num_nodes / leaf_nodes))
-        leaves = min(nodes, total_leaves)
-        return GroupSpan(size, per_node, nodes, max(1, math.ceil(nodes / total_leaves)) if leaves < nodes
-                         else 1, leaves)
+        return GroupSpan(size, per_node, nodes, 1, min(nodes, max(total_leaves, 2)))
     group_nodes_per_leaf = max(1, min(nodes, leaf_nodes // node_stride))
     leaves = math.ceil(nodes / group_nodes_per_leaf)
     return GroupSpan(size, per_node, nodes, group_nodes_per_leaf, leaves)

@@ -96,10 +96,10 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("tp-kv-heads", f"tp={layout.tp} and kv_heads={model.kv_heads}: one must divide the other")
     if layout.pp > model.layers:
         raise broken("pp-layers", f"pp={layout.pp} exceeds the model's {model.layers} layers")
-    if model.layers % (layout.pp * layout.vpp):
+    if layout.pp * layout.vpp > model.layers:
         raise broken(
             "pp-layers",
-            f"pp*vpp={layout.pp * layout.vpp} must divide the {model.layers} layers evenly",
+            f"pp*vpp={layout.pp * layout.vpp} virtual stages exceed the model's {model.layers} layers",
         )
     if layout.vpp > 1 and layout.pp == 1:
         raise broken("vpp", "vpp > 1 needs pipeline parallelism (pp > 1)")
@@ -127,3 +127,23 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("vpp-microbatches", "interleaved schedules need micro-batches per step divisible by pp")
     if layout.sharding == "hsdp" and (layout.hsdp_group < 2 or layout.dp % layout.hsdp_group):
         raise broken("hsdp", f"hsdp shard group {layout.hsdp_group} must divide dp={layout.dp}")
+
+
+def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> list[int]:
+    """Transformer layers held by pipeline rank `stage` (0-based), interleaved over `vpp` chunks.
+
+    Layers split into pp*vpp contiguous chunks; chunk c goes to rank c % pp. When they do not divide
+    evenly, the extra layers go to the middle chunks first: the first chunk also holds the embedding
+    and the last the output head and loss (Megatron's uneven first/last stage convention).
+    """
+    chunks = pp * vpp
+    base, extra = divmod(layers, chunks)
+    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+    sizes = [base] * chunks
+    for chunk in order[:extra]:
+        sizes[chunk] += 1
+    starts = [sum(sizes[:c]) for c in range(chunks)]
+    held: list[int] = []
+    for chunk in range(stage, chunks, pp):
+        held.extend(range(starts[chunk], starts[chunk] + sizes[chunk]))
+    return held

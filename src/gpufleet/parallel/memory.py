@@ -43,7 +43,7 @@ from gpufleet.parallel.activations import (
     layer_terms,
     output_activation_bytes,
 )
-from gpufleet.parallel.layout import Layout, micro_batches_per_step, validate_layout
+from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_indices, validate_layout
 from gpufleet.workload.params import embedding_params, layer_params, output_params
 
 GradDtype = Literal["fp32", "bf16"]
@@ -162,16 +162,10 @@ def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
 
 def _dense_layers_on_stage(model: ModelSpec, layout: Layout, stage: int, dense_layers: int) -> int:
     """How many of the stage's layers are dense (leading dense layers of an MoE model)."""
+    held = stage_layer_indices(model.layers, layout.pp, layout.vpp, stage)
     if dense_layers >= model.layers:
-        return model.layers // layout.pp
-    if dense_layers == 0:
-        return 0
-    chunk = model.layers // (layout.pp * layout.vpp)
-    count = 0
-    for k in range(layout.vpp):
-        start = (stage + k * layout.pp) * chunk
-        count += max(0, min(start + chunk, dense_layers) - start)
-    return count
+        return len(held)
+    return sum(1 for index in held if index < dense_layers)
 
 
 def _shard_degrees(layout: Layout, edp: int) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
@@ -222,7 +216,7 @@ def stage_memory(
     first, last = stage == 0, stage == layout.pp - 1
 
     # --- parameters held by one GPU of this stage (before ZeRO/FSDP sharding)
-    n_layers = model.layers // layout.pp
+    n_layers = len(stage_layer_indices(model.layers, layout.pp, layout.vpp, stage))
     n_dense = _dense_layers_on_stage(model, layout, stage, c.dense_layers)
     n_moe = n_layers - n_dense
     layer_dense_params = n_layers * (c.attention / tp + c.norms) + n_dense * c.dense_mlp / tp

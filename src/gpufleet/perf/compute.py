@@ -29,6 +29,12 @@ ELEMENTWISE_FFN_PASSES_GATED = 3
 ELEMENTWISE_FFN_PASSES_PLAIN = 2
 #: Backward element-wise traffic relative to forward.
 BACKWARD_ELEMENTWISE_RATIO = 2.0
+#: MoE token shuffling per token and routed copy: permute (read+write h) and un-permute/combine (read h),
+#: plus writing the combined output once: (3·top_k + 1)·h elements forward.
+MOE_PERMUTE_PASSES_PER_COPY = 3
+#: FP8 GEMMs (Transformer Engine): every GEMM input is cast bf16 -> fp8 (read 2 B, write 1 B = 1.5
+#: bf16-element equivalents per input element).
+FP8_CAST_ELEMENT_EQUIVALENTS = 1.5
 #: Flash attention backward FLOPs relative to forward (recomputes QK^T: 2.5x instead of 2x).
 ATTENTION_BACKWARD_RATIO = 2.5
 
@@ -140,6 +146,12 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     hidden_share = h / tp if layout.sequence_parallel else h
     ffn_passes = ELEMENTWISE_FFN_PASSES_GATED if model.gated_mlp else ELEMENTWISE_FFN_PASSES_PLAIN
     elements = tokens * (ELEMENTWISE_HIDDEN_PASSES * hidden_share + ffn_passes * ffn_width / tp)
+    if moe_layer and model.moe is not None:
+        elements += tokens * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * hidden_share
+    if precision in ("fp8", "fp4"):
+        q_width = model.heads * model.head_dim_
+        gemm_inputs = 2 * h + q_width / tp + ffn_width / tp  # QKV, out-proj, MLP up, MLP down
+        elements += tokens * FP8_CAST_ELEMENT_EQUIVALENTS * gemm_inputs
     elementwise_s = elements * ACTIVATION_BYTES / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
 
     return LayerCompute(

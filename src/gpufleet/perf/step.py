@@ -14,7 +14,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, Placement, group_span
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import Layout, micro_batches_per_step
+from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_indices
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
@@ -22,6 +22,8 @@ from gpufleet.workload.params import embedding_params, layer_params, output_para
 
 #: Bytes per gradient element on the wire (bf16 reduction, Megatron's default grad_reduce_in_fp32=False).
 GRAD_WIRE_BYTES = 2
+#: Megatron DDP's gradient bucket (elements); each bucket is one collective with its own latency.
+DP_BUCKET_ELEMENTS = 40e6
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
 #: bf16 weight write (2).
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -102,11 +104,9 @@ class _StageParams:
 def stage_parameters(job: Job, layout: Layout, stage: int) -> _StageParams:
     """Parameters held by one GPU of pipeline stage `stage` (after tp, ep sharding)."""
     model = job.model
-    per_stage = model.layers // layout.pp
-    first = stage * per_stage
     dense = 0.0
     expert = 0.0
-    for index in range(first, first + per_stage):
+    for index in stage_layer_indices(model.layers, layout.pp, layout.vpp, stage):
         layer = layer_params(model, index)
         dense += (layer.attention + layer.dense_mlp + layer.shared_experts) / layout.tp
         dense += layer.norms + layer.router
@@ -123,6 +123,14 @@ def _cost(op: Op, nbytes: float, kind: GroupKind, layout: Layout, cluster: Clust
     return collective_cost(op, nbytes, group_span(layout, kind, cluster, options.placement), cluster)
 
 
+def _chunked_s(op: Op, nbytes: float, chunks: int, kind: GroupKind, layout: Layout, cluster: Cluster,
+               options: StepOptions) -> tuple[float, str]:
+    """Seconds for `nbytes` moved as `chunks` equal collectives (each pays its own latency), and the link."""
+    chunks = max(1, chunks)
+    one = _cost(op, nbytes / chunks, kind, layout, cluster, options)
+    return chunks * one.time_s, one.link
+
+
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
                   options: StepOptions | None = None) -> StepEstimate:
     """Estimate one optimizer step of `job` with `layout` on `cluster` (layout assumed valid)."""
@@ -131,7 +139,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     seq = job.seq_len
     m = micro_batches_per_step(layout, job.global_batch)
     pp, vpp = layout.pp, layout.vpp
-    per_stage_layers = model.layers // pp
+    per_stage_layers = math.ceil(model.layers / pp)
     moe_from = model.layers if model.moe is None else model.moe.dense_layers
     tokens_mb = layout.micro_batch * seq / layout.cp  # tokens one GPU processes per micro-batch
 
@@ -187,10 +195,10 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     p2p = _cost("send-recv", p2p_bytes, "pp", layout, cluster, options) if pp > 1 else None
     p2p_per_mb_s = 2 * vpp * p2p.time_s if p2p else 0.0
     stage_times = []
+    stage_layers = [stage_layer_indices(model.layers, pp, vpp, stage) for stage in range(pp)]
     for stage in range(pp):
-        first = stage * per_stage_layers
-        n_moe = max(0, first + per_stage_layers - max(first, moe_from))
-        n_dense = per_stage_layers - n_moe
+        n_moe = sum(1 for index in stage_layers[stage] if index >= moe_from)
+        n_dense = len(stage_layers[stage]) - n_moe
         t = n_dense * dense_time + n_moe * moe_time + p2p_per_mb_s
         if stage == pp - 1:
             t += logits_s
@@ -214,22 +222,23 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     dp_exposed = 0.0
     link = ""
     if layout.dp * layout.cp > 1:
-        if layout.sharding == "none":
-            reduce = _cost("all-reduce", grad_bytes, dp_group, layout, cluster, options)
-            reduce_s = reduce.time_s
-            gather_s = 0.0
-        else:
-            reduce = _cost("reduce-scatter", grad_bytes, dp_group, layout, cluster, options)
-            reduce_s = reduce.time_s
-            gather_s = _cost("all-gather", params.dense * ACTIVATION_BYTES, dp_group, layout, cluster,
-                             options).time_s
+        # FSDP/ZeRO-3 gather and reduce one transformer block at a time; DDP and the distributed
+        # optimizer reduce in buckets of DP_BUCKET_ELEMENTS. Each collective pays its own latency.
+        units = per_stage_layers if sharded else math.ceil(params.dense / DP_BUCKET_ELEMENTS)
+        reduce_op: Op = "all-reduce" if layout.sharding == "none" else "reduce-scatter"
+        reduce_s, link = _chunked_s(reduce_op, grad_bytes, units, dp_group, layout, cluster, options)
+        gather_s = 0.0
+        if layout.sharding != "none":
+            gather_s, _ = _chunked_s("all-gather", params.dense * ACTIVATION_BYTES, units, dp_group, layout,
+                                     cluster, options)
         if expert_grad_bytes and layout.dp * layout.cp // layout.ep > 1:
-            reduce_s += _cost("all-reduce" if layout.sharding == "none" else "reduce-scatter",
-                              expert_grad_bytes, "edp", layout, cluster, options).time_s
+            expert_units = per_stage_layers if sharded else math.ceil(params.expert / DP_BUCKET_ELEMENTS)
+            more, _ = _chunked_s(reduce_op, expert_grad_bytes, expert_units, "edp", layout, cluster, options)
+            reduce_s += more
             if layout.sharding != "none":
-                gather_s += _cost("all-gather", params.expert * ACTIVATION_BYTES, "edp", layout, cluster,
-                                  options).time_s
-        link = reduce.link
+                more, _ = _chunked_s("all-gather", params.expert * ACTIVATION_BYTES, expert_units, "edp", layout,
+                                     cluster, options)
+                gather_s += more
         granules = max(per_stage_layers, 1)
         if sharded:
             # Parameters gathered before forward and again before backward, gradients reduce-scattered,

@@ -1,0 +1,91 @@
+"""`gpufleet plan` and `gpufleet validate` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpufleet.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
+    done = gpufleet("plan", "--json", "--top", "3")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    plans = data["plans"]
+    assert len(plans) == 3
+    assert [p["rank"] for p in plans] == [1, 2, 3]
+    times = [p["time_to_train_s"] for p in plans]
+    assert times == sorted(times)
+    search = data["search"]
+    assert search["tried"] == search["feasible"] + sum(search["infeasible"].values())
+    for plan in plans:
+        assert plan["peak_memory_bytes"] <= plan["hbm_bytes"]
+        assert 0 < plan["mfu"] <= 1
+        # time-to-train = failure-free training time / goodput
+        assert plan["time_to_train_s"] >= plan["train_time_s"]
+
+
+def test_explain_names_the_links() -> None:
+    done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--explain", "1")
+    assert done.returncode == 0, done.stderr
+    assert "step time by part" in done.stdout
+    assert "NIC" in done.stdout or "scale-up" in done.stdout
+
+
+def test_sweep_and_deadline() -> None:
+    done = gpufleet("plan", "-m", "llama3-8b", "-t", "2T", "-n", "16,64,256", "--deadline", "30d", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    counts = [row["gpus"] for row in data["sweep"]]
+    assert counts == [16, 64, 256]
+    chosen = data["smallest_meeting_deadline"]
+    meeting = [row["gpus"] for row in data["sweep"] if row["fits"] and row["time_to_train_s"] <= 30 * 86400]
+    assert chosen == min(meeting)
+
+
+def test_job_that_fits_nowhere_says_why() -> None:
+    done = gpufleet("plan", "-m", "llama3-405b", "-n", "8", "--seq", "8192")
+    assert done.returncode == 1
+    assert "closest" in done.stderr and "GiB" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--model", "llama9-8b"],
+    ["plan", "--gpus", "0"],
+    ["plan", "--gpus", "12"],
+    ["plan", "--oversubscription", "1:4"],
+    ["plan", "--tokens", "lots"],
+    ["plan", "--precision", "fp64"],
+    ["plan", "--topology", "torus"],
+    ["plan", "--explain", "99", "--top", "3"],
+    ["validate", "--runs", "/nonexistent.yaml"],
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str]) -> None:
+    done = gpufleet(*args)
+    assert done.returncode == 2, (args, done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_validate_json_shape() -> None:
+    done = gpufleet("validate", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    ids = {run["id"] for run in data["runs"]}
+    assert "mpt-7b-h100-8gpu-s2048-bf16" in ids
+    for run in data["runs"]:
+        assert run["status"] in ("ok", "skipped")
+        if run["status"] == "skipped":
+            assert run["reason"]
+        else:
+            expected = run["predicted_tokens_per_s_per_gpu"] / run["target_tokens_per_s_per_gpu"] - 1
+            assert abs(run["error"] - expected) < 1e-9
+    assert {"all", "high", "medium", "low"} <= set(data["summary"])

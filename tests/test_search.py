@@ -1,0 +1,57 @@
+"""Layout search: legality, counts, memory pruning and ranking."""
+
+from __future__ import annotations
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.registry import load_catalog
+from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.parallel.layout import validate_layout
+from gpufleet.planner.search import SearchSpace, enumerate_layouts, search
+from gpufleet.workload.job import Job
+
+CATALOG = load_catalog()
+H100 = CATALOG.gpu("h100-sxm")
+CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
+
+
+def cluster(gpus: int) -> Cluster:
+    return Cluster(H100, CATALOG.node("dgx-h100"), gpus, Fabric(CATALOG.network("ndr400")))
+
+
+def test_counts_add_up_and_ranking_is_by_step_time() -> None:
+    job = Job(CATALOG.model("llama3-70b"), tokens=1e12, seq_len=4096, global_batch=256)
+    result = search(job, cluster(64), CAL)
+    assert result.tried == len(result.feasible) + sum(result.infeasible.values())
+    assert result.feasible, "a 70B model fits on 64 H100s in some layout"
+    times = [c.step.step_s for c in result.feasible]
+    assert times == sorted(times)
+    for candidate in result.feasible:
+        assert candidate.memory.total_bytes <= H100.hbm_bytes
+        validate_layout(candidate.layout, job.model, 64, 256, 4096)
+    # A 70B model's weights, gradients and Adam states (16 bytes/param = 1.1 TB) cannot sit unsharded on one GPU.
+    assert result.infeasible["memory"] > 0
+    assert all(not (c.layout.tp == 1 and c.layout.pp == 1 and c.layout.sharding == "none") for c in result.feasible)
+
+
+def test_generator_never_yields_an_impossible_degree_product() -> None:
+    job = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=64)
+    for layout in enumerate_layouts(job, cluster(16), SearchSpace()):
+        assert layout.tp * layout.pp * layout.dp * layout.cp == 16
+        assert job.model.heads % layout.tp == 0
+        assert job.global_batch % layout.dp == 0
+
+
+def test_fixed_fields_are_respected() -> None:
+    job = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=64)
+    layouts = list(enumerate_layouts(job, cluster(16), SearchSpace(), fixed={"tp": 2, "pp": 2, "recompute": "full"}))
+    assert layouts and all(lay.tp == 2 and lay.pp == 2 and lay.recompute == "full" for lay in layouts)
+
+
+def test_nothing_fits_reports_the_closest_miss() -> None:
+    job = Job(CATALOG.model("llama3-405b"), tokens=1e12, seq_len=8192, global_batch=8)
+    result = search(job, cluster(8), CAL)
+    assert not result.feasible
+    assert result.closest_misses
+    layout, over = result.closest_misses[0]
+    assert over > 0
+    assert all(over <= other for _, other in result.closest_misses)

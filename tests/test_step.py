@@ -1,0 +1,120 @@
+"""Step-time model: hand-derived parts and physical invariants."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.registry import load_catalog
+from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.parallel.layout import Layout, validate_layout
+from gpufleet.perf.compute import gemm_time_s
+from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.workload.job import Job
+
+CATALOG = load_catalog()
+H100 = CATALOG.gpu("h100-sxm")
+DGX = CATALOG.node("dgx-h100")
+NDR = CATALOG.network("ndr400")
+CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
+LLAMA8 = CATALOG.model("llama3-8b")
+LLAMA70 = CATALOG.model("llama3-70b")
+
+
+def cluster(gpus: int, oversubscription: float = 1.0, nodes_per_leaf: int | None = None) -> Cluster:
+    return Cluster(H100, DGX, gpus, Fabric(NDR, oversubscription=oversubscription, nodes_per_leaf=nodes_per_leaf))
+
+
+def test_gemm_time_at_a_given_efficiency_by_hand() -> None:
+    # 4096^3 bf16 GEMM on H100: 2*4096^3 FLOPs at 989.4 TFLOP/s x 0.706 (sustained) x (4096/(4096+128))^3.
+    flops = 2 * 4096**3
+    efficiency = 0.706 * (4096 / 4224) ** 3
+    expected = flops / (989.4e12 * efficiency)
+    assert math.isclose(gemm_time_s(4096, 4096, 4096, 989.4e12, CAL, "bf16"), expected, rel_tol=1e-9)
+    assert math.isclose(expected, 2.158e-4, rel_tol=2e-3)
+
+
+def test_1f1b_bubble_and_interleaving() -> None:
+    # pp=4 inside one node (p2p over NVLink is negligible); the bubble is (pp-1)/vpp mean stage times,
+    # so its share of the pipeline is (pp-1)/(m+pp-1) for uniform stages. A tiny vocabulary keeps the
+    # output head (on the last stage only) from unbalancing the stages.
+    tiny_vocab = LLAMA8.model_copy(update={"vocab": 64})
+    job = Job(tiny_vocab, tokens=1e12, seq_len=2048, global_batch=32)
+    c = cluster(8)
+    plain = Layout(tp=2, pp=4, dp=1, micro_batch=1)
+    inter = Layout(tp=2, pp=4, dp=1, vpp=2, micro_batch=1)
+    for layout in (plain, inter):
+        validate_layout(layout, LLAMA8, 8, 32, 2048)
+    step_plain = estimate_step(job, plain, c, CAL)
+    step_inter = estimate_step(job, inter, c, CAL)
+    m = 32
+    bubble_plain = step_plain.parts["bubble"].exposed_s
+    pipeline = step_plain.step_s - step_plain.parts["optimizer"].exposed_s - step_plain.parts["overhead"].exposed_s
+    assert math.isclose(bubble_plain / pipeline, 3 / (m + 3), rel_tol=0.01)
+    assert math.isclose(step_inter.parts["bubble"].exposed_s / bubble_plain, 0.5, rel_tol=0.05)
+
+
+def test_dp_part_matches_the_hand_derived_all_reduce() -> None:
+    # DDP (no sharding) of Llama 3.1 8B over 2 nodes with overlap off: the whole all-reduce is exposed.
+    job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=16)
+    layout = Layout(dp=16, micro_batch=1, recompute="full")
+    step = estimate_step(job, layout, cluster(16), CAL, StepOptions(dp_overlap=False))
+    bus = min(8 * 400e9 / 8 * 0.96, 450e9 * 0.82)
+    bandwidth_s = 8.03e9 * 2 * 2 * 15 / 16 / bus  # ~81.6 ms
+    # 40M-element buckets: ceil(8.03e9 / 40e6) = 201 all-reduces, each a tree of 2*log2(16) = 8 steps of
+    # (5 us NIC/software + 0.3 us switch hop) latency: ~8.5 ms.
+    latency_s = 201 * 8 * (5e-6 + 0.3e-6)
+    assert math.isclose(step.parts["comm.dp"].exposed_s, bandwidth_s + latency_s, rel_tol=0.01)
+
+
+LAYOUTS = [
+    Layout(tp=8, pp=1, dp=4, micro_batch=1, sequence_parallel=True, sharding="zero1", recompute="selective"),
+    Layout(tp=4, pp=2, dp=4, micro_batch=2, sequence_parallel=True, recompute="full"),
+    Layout(tp=2, pp=4, dp=4, vpp=2, micro_batch=1, sharding="zero1"),
+    Layout(tp=1, pp=1, dp=32, micro_batch=1, sharding="zero3", recompute="full"),
+    Layout(tp=8, pp=2, dp=2, micro_batch=1, sequence_parallel=True, recompute="full"),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), seq=st.sampled_from([2048, 4096, 8192]),
+       model=st.sampled_from([LLAMA8, LLAMA70]), oversubscription=st.sampled_from([1.0, 2.0, 4.0]))
+def test_a_step_never_beats_peak_flops(layout: Layout, seq: int, model: object, oversubscription: float) -> None:
+    job = Job(model, tokens=1e12, seq_len=seq, global_batch=64)  # type: ignore[arg-type]
+    step = estimate_step(job, layout, cluster(32, oversubscription, nodes_per_leaf=1), CAL)
+    floor = step.model_flops_per_token * step.tokens_per_step / (H100.peak_flops("bf16") * 32)
+    assert step.step_s >= floor
+    assert 0 < step.mfu <= 1 and 0 < step.hfu <= 1
+    assert step.hfu >= step.mfu * 0.999 or layout.recompute == "none"
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), placement=st.sampled_from(["block", "scatter"]))
+def test_more_oversubscription_never_speeds_a_step(layout: Layout, placement: str) -> None:
+    job = Job(LLAMA70, tokens=1e12, seq_len=4096, global_batch=64)
+    times = [estimate_step(job, layout, cluster(32, os_ratio, nodes_per_leaf=1),
+                           CAL, StepOptions(placement=placement)).step_s  # type: ignore[arg-type]
+             for os_ratio in (1.0, 2.0, 4.0, 8.0)]
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False))
+
+
+@settings(max_examples=30, deadline=None)
+@given(tp=st.sampled_from([2, 4, 8]), seq=st.sampled_from([2048, 4096]))
+def test_a_tp_group_moved_across_nodes_never_gets_faster(tp: int, seq: int) -> None:
+    job = Job(LLAMA70, tokens=1e12, seq_len=seq, global_batch=64)
+    inside = Layout(tp=tp, dp=64 // tp, micro_batch=1, sequence_parallel=True, sharding="zero3", recompute="full")
+    across = inside.with_(order=("dp", "cp", "ep", "tp", "pp"))  # dp fastest: tp ranks land on other nodes
+    c = cluster(64)
+    tp_inside = estimate_step(job, inside, c, CAL).parts["comm.tp"]
+    tp_across = estimate_step(job, across, c, CAL).parts["comm.tp"]
+    assert "scale-up" in tp_inside.link and "NIC" in tp_across.link
+    assert tp_across.exposed_s > tp_inside.exposed_s
+
+
+def test_parts_add_up_to_the_step() -> None:
+    job = Job(LLAMA70, tokens=1e12, seq_len=4096, global_batch=64)
+    step = estimate_step(job, LAYOUTS[1], cluster(32), CAL)
+    assert math.isclose(sum(p.exposed_s for p in step.parts.values()), step.step_s, rel_tol=1e-6)
