@@ -52,6 +52,6 @@ def test_nothing_fits_reports_the_closest_miss() -> None:
     result = search(job, cluster(8), CAL)
     assert not result.feasible
     assert result.closest_misses
-    layout, over = result.closest_misses[0]
+    _, over = result.closest_misses[0]
     assert over > 0
     assert all(over <= other for _, other in result.closest_misses)

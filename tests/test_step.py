@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import given, settings
@@ -98,7 +99,7 @@ def test_more_oversubscription_never_speeds_a_step(layout: Layout, placement: st
     times = [estimate_step(job, layout, cluster(32, os_ratio, nodes_per_leaf=1),
                            CAL, StepOptions(placement=placement)).step_s  # type: ignore[arg-type]
              for os_ratio in (1.0, 2.0, 4.0, 8.0)]
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False))
+    assert all(a <= b * (1 + 1e-12) for a, b in itertools.pairwise(times))
 
 
 @settings(max_examples=30, deadline=None)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 import difflib
+from collections.abc import Iterable
 
 
 class GpufleetError(Exception):

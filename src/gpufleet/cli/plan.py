@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from gpufleet.catalog.records import Precision
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
-from gpufleet.fabric.topology import TOPOLOGY_KINDS
-from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
+from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
+from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
 
 GIB = 2**30
@@ -183,10 +184,10 @@ def register(app: typer.Typer) -> None:
         counts = parse_int_list(gpus, "--gpus")
         deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
-                           network=fabric, topology=topology,  # type: ignore[arg-type]
+                           network=fabric, topology=cast(TopologyKind, topology),
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
-                           global_batch=global_batch, precision=precision,  # type: ignore[arg-type]
-                           top=top, rank_by=rank_by)  # type: ignore[arg-type]
+                           global_batch=global_batch, precision=cast(Precision, precision),
+                           top=top, rank_by=cast(RankBy, rank_by))
         if len(counts) == 1 and deadline_s is None:
             result = make_plan(base, cat)
             _emit_single(out, result, explain, budget, top)

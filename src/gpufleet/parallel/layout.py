@@ -138,7 +138,7 @@ def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> list[int]
     """
     chunks = pp * vpp
     base, extra = divmod(layers, chunks)
-    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+    order = [*range(1, chunks - 1), 0, chunks - 1] if chunks > 2 else list(range(chunks))
     sizes = [base] * chunks
     for chunk in order[:extra]:
         sizes[chunk] += 1
