@@ -6,6 +6,8 @@ benchmark (`gpufleet bench gemm`) can write a user profile with the same id that
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from gpufleet.catalog.records import Record
@@ -18,6 +20,9 @@ class CalibrationProfile(Record):
     gemm_fraction_fp8: float | None = Field(default=None, gt=0, le=1, description="best-shape fp8 GEMM / fp8 peak")
     attention_fraction: float = Field(gt=0, le=1, description="fused attention kernel (fwd+bwd) / 16-bit peak")
     hbm_fraction: float = Field(gt=0, le=1, description="achievable HBM bandwidth for streaming kernels / peak")
+    attention_kernel: Literal["flash", "materialized"] = Field(
+        default="flash", description="flash (fused, FlashAttention/cuDNN) or materialized (s×s scores in HBM)"
+    )
     gemm_half_dim: int = Field(
         default=128, ge=1, description="a GEMM dimension of this size runs at half efficiency (shape curve)"
     )

@@ -99,6 +99,9 @@ class NodeSpec(Record):
     max_power_w: float = Field(gt=0)
     typical_power_w: float | None = Field(default=None, gt=0)
     rack_units: int = Field(ge=1)
+    scale_up_override: ScaleUp | None = Field(
+        default=None, description="this node's GPU-to-GPU links when they differ from the GPU's own (e.g. PCIe)"
+    )
 
     @property
     def nic_bytes_per_s_per_gpu(self) -> float:

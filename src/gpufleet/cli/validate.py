@@ -24,6 +24,11 @@ def register(app: typer.Typer) -> None:
                                   "published runs."),
         rank: bool = typer.Option(False, "--rank", help="Also score how well the planner ranks layouts within "
                                   "groups of runs of the same model, GPU and GPU count."),
+        node: str = typer.Option(None, "--node", help="Run on this catalog node instead of the GPU's default "
+                                 "(for runs whose GPU it holds), e.g. a user node describing the measured cluster."),
+        dp_overlap: bool = typer.Option(True, "--dp-overlap/--no-dp-overlap", help="Whether the framework "
+                                        "overlaps gradient reduction with backward (DeepSpeed's pipeline engine "
+                                        "does not)."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -38,7 +43,12 @@ def register(app: typer.Typer) -> None:
         out = Output(json)
         cat = open_catalog(catalog)
         loaded = load_runs(runs)
-        predictions = [predict_run(run, cat) for run in loaded]
+        if node is not None:
+            cat.node(node)  # unknown node: one line, exit 2
+        from gpufleet.perf.step import StepOptions
+
+        options = StepOptions(dp_overlap=dp_overlap)
+        predictions = [predict_run(run, cat, options, node_id=node) for run in loaded]
         summary = summarize(predictions)
         data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary}
         ranking = None

@@ -65,7 +65,7 @@ class CollectiveCost:
 
 def scale_up_bus_bytes_per_s(cluster: Cluster, members: int, op: Op) -> float:
     """Bus bandwidth inside one scale-up domain for a group of `members` GPUs."""
-    scale_up = cluster.gpu.scale_up
+    scale_up = cluster.scale_up
     line = scale_up.bytes_per_s_per_direction * scale_up.achievable_fraction
     if scale_up.kind == "mesh":
         links = scale_up.links or (cluster.gpus_per_node - 1)
@@ -95,7 +95,7 @@ def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Clus
     if span.intra_node:
         bus_bw = scale_up_bw
         alpha = SCALE_UP_STEP_LATENCY_S
-        link = f"{cluster.gpu.scale_up.kind} scale-up ({bus_bw / 1e9:.0f} GB/s bus)"
+        link = f"{cluster.scale_up.kind} scale-up ({bus_bw / 1e9:.0f} GB/s bus)"
     else:
         nic_bw = cluster.nic_bytes_per_s_per_gpu
         if op == "all-to-all":

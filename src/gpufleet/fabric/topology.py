@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpufleet.catalog.records import GPUSpec, NetworkSpec, NodeSpec
+from gpufleet.catalog.records import GPUSpec, NetworkSpec, NodeSpec, ScaleUp
 from gpufleet.errors import InputError
 
 TopologyKind = Literal["fat-tree", "leaf-spine", "rail-optimized", "dragonfly+"]
@@ -68,6 +68,11 @@ class Cluster:
                 f"{self.gpus} GPUs do not fill whole {self.node.id} nodes of {self.node.gpus} GPUs; "
                 f"use a multiple of {self.node.gpus}"
             )
+
+    @property
+    def scale_up(self) -> ScaleUp:
+        """The GPU-to-GPU links inside a node: the node's override, else the GPU's own."""
+        return self.node.scale_up_override or self.gpu.scale_up
 
     @property
     def gpus_per_node(self) -> int:

@@ -37,6 +37,12 @@ MOE_PERMUTE_PASSES_PER_COPY = 3
 FP8_CAST_ELEMENT_EQUIVALENTS = 1.5
 #: Flash attention backward FLOPs relative to forward (recomputes QK^T: 2.5x instead of 2x).
 ATTENTION_BACKWARD_RATIO = 2.5
+#: Materialized (non-flash) attention, Megatron's fused scale-mask-softmax with attention dropout: bytes
+#: moved per score element. Forward: write QK^T (2), softmax read+write (4), dropout read+write+mask (5),
+#: AV reads the probabilities (2) = 13. Backward: write dP (2), dropout grad (5), softmax grad reads P and
+#: dP and writes dS (6), dQ and dK GEMMs read dS (2+2) = 17. Derived from the kernel sequence (judgement).
+MATERIALIZED_SCORE_BYTES_FWD = 13
+MATERIALIZED_SCORE_BYTES_BWD = 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,7 @@ class LayerCompute:
 
     gemm_fwd_s: float
     attention_fwd_s: float
+    attention_bwd_s: float
     elementwise_fwd_s: float
     gemm_flops_fwd: float
     attention_flops_fwd: float
@@ -55,7 +62,7 @@ class LayerCompute:
 
     @property
     def backward_s(self) -> float:
-        return (2 * self.gemm_fwd_s + ATTENTION_BACKWARD_RATIO * self.attention_fwd_s
+        return (2 * self.gemm_fwd_s + self.attention_bwd_s
                 + BACKWARD_ELEMENTWISE_RATIO * self.elementwise_fwd_s)
 
     def recompute_s(self, recompute: str) -> float:
@@ -138,9 +145,14 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         gemm_flops += 2 * tokens * (up_matrices + 1) * h * f / tp
         ffn_width = f
 
-    # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
     attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
-    attention_s = attention_flops / (attn_peak * calibration.attention_fraction)
+    if calibration.attention_kernel == "flash":
+        # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
+        attention_s = attention_flops / (attn_peak * calibration.attention_fraction)
+        attention_bwd_s = ATTENTION_BACKWARD_RATIO * attention_s
+    else:
+        attention_s, attention_bwd_s = _materialized_attention_s(model, layout, calibration, attn_peak,
+                                                                 gpu.hbm_bytes_per_s, seq_len=seq_len)
 
     # Element-wise kernels: norms/residuals are sharded by tp only under sequence parallel.
     hidden_share = h / tp if layout.sequence_parallel else h
@@ -157,10 +169,28 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     return LayerCompute(
         gemm_fwd_s=gemm_s,
         attention_fwd_s=attention_s,
+        attention_bwd_s=attention_bwd_s,
         elementwise_fwd_s=elementwise_s,
         gemm_flops_fwd=gemm_flops,
         attention_flops_fwd=attention_flops,
     )
+
+
+def _materialized_attention_s(model: ModelSpec, layout: Layout, calibration: CalibrationProfile, peak: float,
+                              hbm_bytes_per_s: float, *, seq_len: int) -> tuple[float, float]:
+    """(forward, backward) seconds of unfused attention: two batched GEMMs over the full s×s score
+    matrix (no causal skipping) and the memory-bound softmax/dropout passes over it."""
+    heads = model.heads / layout.tp
+    queries = seq_len / layout.cp
+    head_dim = model.head_dim_
+    batch = layout.micro_batch * heads
+    scores_gemm_s = gemm_time_s(queries, seq_len, head_dim, peak, calibration, "bf16", count=batch)
+    values_gemm_s = gemm_time_s(queries, head_dim, seq_len, peak, calibration, "bf16", count=batch)
+    elements = batch * queries * seq_len
+    bandwidth = hbm_bytes_per_s * calibration.hbm_fraction
+    forward = scores_gemm_s + values_gemm_s + elements * MATERIALIZED_SCORE_BYTES_FWD / bandwidth
+    backward = 2 * (scores_gemm_s + values_gemm_s) + elements * MATERIALIZED_SCORE_BYTES_BWD / bandwidth
+    return forward, backward
 
 
 def logits_compute_s(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,

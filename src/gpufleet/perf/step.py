@@ -167,7 +167,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         # Ring attention: cp-1 hops forward, 2x that backward (KV and their gradients), each hop
         # overlapping one block of attention compute.
         comm = 3 * (layout.cp - 1) * hop.time_s
-        window = layer_for_cp.attention_fwd_s * (1 + 2.5)
+        window = layer_for_cp.attention_fwd_s + layer_for_cp.attention_bwd_s
         exposed, hidden = _overlap(comm, window, layout.cp)
         cp_per_layer_s, cp_hidden_per_layer_s = exposed, hidden
 
@@ -191,7 +191,9 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                                               precision=job.precision)
 
     # --- pipeline -----------------------------------------------------------------------------
-    p2p_bytes = act_bytes / (layout.tp if layout.sequence_parallel else 1)
+    # Each tensor-parallel rank sends its 1/tp slice (sequence parallel, or Megatron's scatter-gather
+    # optimisation without it); the receiver all-gathers it over the fast intra-node links.
+    p2p_bytes = act_bytes / layout.tp
     p2p = _cost("send-recv", p2p_bytes, "pp", layout, cluster, options) if pp > 1 else None
     p2p_per_mb_s = 2 * vpp * p2p.time_s if p2p else 0.0
     stage_times = []
@@ -282,7 +284,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
             continue
         layers_here = count / pp  # per GPU (average stage)
         compute_parts["gemm"] += m * layers_here * 3 * compute.gemm_fwd_s
-        compute_parts["attention"] += m * layers_here * (1 + 2.5) * compute.attention_fwd_s
+        compute_parts["attention"] += m * layers_here * (compute.attention_fwd_s + compute.attention_bwd_s)
         compute_parts["elementwise"] += m * layers_here * 3 * compute.elementwise_fwd_s
         compute_parts["recompute"] += m * layers_here * compute.recompute_s(layout.recompute)
         extra = compute.flops_fwd if layout.recompute == "full" else (

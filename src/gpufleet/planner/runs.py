@@ -158,11 +158,14 @@ def run_job(run: PublishedRun, global_batch: int) -> Job:
                precision=precision)
 
 
-def run_cluster(run: PublishedRun, catalog: Catalog) -> Cluster:
-    """The run's cluster: the catalog GPU and node, with the run's per-GPU scale-out bandwidth."""
+def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None) -> Cluster:
+    """The run's cluster: the catalog GPU and its node (or `node_id` when it holds that GPU), with the
+    run's GPUs per node and per-GPU scale-out bandwidth."""
     hardware = run.hardware
     gpu = catalog.gpu(hardware.gpu)
     node: NodeSpec = catalog.node_for_gpu(hardware.gpu)
+    if node_id is not None and catalog.node(node_id).gpu == gpu.id:
+        node = catalog.node(node_id)
     changes: dict[str, object] = {"gpus": hardware.gpus_per_node}
     if hardware.scale_out_gbps_per_gpu is not None:
         changes.update(nics=hardware.gpus_per_node, nic_gbps=hardware.scale_out_gbps_per_gpu)

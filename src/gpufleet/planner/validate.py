@@ -55,7 +55,8 @@ def calibration_for(catalog: Catalog, gpu_id: str) -> CalibrationProfile:
     return catalog.get("calibrations", gpu_id, CalibrationProfile)
 
 
-def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None) -> RunPrediction:
+def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
+                node_id: str | None = None) -> RunPrediction:
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by the planner."""
     result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu)
     given = run.layout
@@ -67,7 +68,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         result.status, result.reason = "skipped", "global_batch is null"
         return result
     try:
-        cluster = run_cluster(run, catalog)
+        cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch)
         calibration = calibration_for(catalog, cluster.gpu.id)
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}

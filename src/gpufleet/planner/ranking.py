@@ -1,0 +1,97 @@
+"""Does the planner rank layouts the way reality does? Scored on groups of measured runs that share
+model, GPU type and GPU count but differ in layout (vTrain's 109 A100 runs are the reference set).
+
+Per group: Spearman rank correlation between predicted and measured tokens/s; the measured-best
+layout; the planner's pick (its fastest prediction among the group's layouts) and the regret
+(measured step time of the pick / measured best − 1); and the overlap of the two top-3 sets.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.planner.runs import PublishedRun
+from gpufleet.planner.validate import RunPrediction
+
+MIN_GROUP = 4
+
+
+def _ranks(values: list[float]) -> np.ndarray:
+    """Average ranks (ties share the mean rank), 1 = smallest."""
+    array = np.asarray(values, dtype=float)
+    order = array.argsort(kind="mergesort")
+    ranks = np.empty(len(array))
+    ranks[order] = np.arange(1, len(array) + 1)
+    for value in np.unique(array):
+        tied = array == value
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rho: Pearson correlation of the ranks."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def group_key(run: PublishedRun) -> str:
+    return f"{run.model.name} / {run.hardware.gpu} x {run.hardware.num_gpus}"
+
+
+def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> dict[str, Any]:
+    """Ranking quality per group of same-model, same-GPU, same-count runs; small groups are listed."""
+    by_id = {p.id: p for p in predictions}
+    groups: dict[str, list[tuple[PublishedRun, RunPrediction]]] = {}
+    for run in runs:
+        prediction = by_id[run.id]
+        if prediction.predicted_tokens_per_s_per_gpu is None:
+            continue
+        groups.setdefault(group_key(run), []).append((run, prediction))
+    scored: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for key, members in groups.items():
+        if len(members) < MIN_GROUP:
+            skipped.append({"group": key, "runs": len(members)})
+            continue
+        measured = [run.target.tokens_per_s_per_gpu for run, _ in members]
+        predicted = [p.predicted_tokens_per_s_per_gpu or 0.0 for _, p in members]
+        best_measured = max(range(len(members)), key=lambda i: measured[i])
+        pick = max(range(len(members)), key=lambda i: predicted[i])
+        # Same global batch and sequence within a group: step time is inversely proportional to tokens/s.
+        regret = measured[best_measured] / measured[pick] - 1
+        top_measured = set(sorted(range(len(members)), key=lambda i: -measured[i])[:3])
+        top_predicted = set(sorted(range(len(members)), key=lambda i: -predicted[i])[:3])
+        errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
+        scored.append({
+            "group": key,
+            "runs": len(members),
+            "spearman": spearman(predicted, measured),
+            "measured_best": members[best_measured][0].id,
+            "pick": members[pick][0].id,
+            "regret": regret,
+            "top3_overlap": len(top_measured & top_predicted) / 3,
+            "median_abs_error": statistics.median(errors),
+        })
+    return {"groups": scored, "skipped_groups": skipped}
+
+
+def render_ranking(console: Console, ranking: dict[str, Any]) -> None:
+    table = Table(title="layout ranking per group (same model, GPU and count)", title_justify="left")
+    for column in ("group", "runs", "Spearman", "regret", "top-3", "median |err|", "measured best", "pick"):
+        table.add_column(column)
+    for row in ranking["groups"]:
+        table.add_row(row["group"], str(row["runs"]), f"{row['spearman']:.2f}", f"{row['regret']:.1%}",
+                      f"{row['top3_overlap']:.0%}", f"{row['median_abs_error']:.1%}", row["measured_best"],
+                      row["pick"])
+    console.print(table)
+    if ranking["skipped_groups"]:
+        console.print("groups with fewer than 4 runs (not scored): " + ", ".join(
+            f"{g['group']} ({g['runs']})" for g in ranking["skipped_groups"]))

@@ -1,0 +1,79 @@
+"""The model against measured runs: published-run accuracy and vTrain layout ranking.
+
+The bounds are the figures measured when this file was written (see docs/validation.md); they guard
+against regressions. Issue targets that are not yet met are named next to each bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.catalog.registry import load_catalog
+from gpufleet.perf.step import StepOptions
+from gpufleet.planner.ranking import rank_groups, spearman
+from gpufleet.planner.runs import load_runs, shipped_runs_path
+from gpufleet.planner.validate import predict_run, summarize
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_spearman_by_hand() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # d = ranks differ by (0, 0, 1, -1): rho = 1 - 6*2/(4*15) = 0.8
+    assert spearman([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(0.8)
+
+
+@pytest.fixture(scope="module")
+def published() -> dict[str, object]:
+    catalog = load_catalog()
+    predictions = [predict_run(run, catalog) for run in load_runs()]
+    return summarize(predictions)
+
+
+def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: dict[str, object]) -> None:
+    skipped = published["skipped"]
+    assert isinstance(skipped, list)
+    # Only runs whose layout lacks tp, pp or dp (RUNS.md) or whose layout no longer fits are skipped.
+    assert len(skipped) <= 4
+
+
+def test_published_accuracy(published: dict[str, object]) -> None:
+    # Issue target: high+medium median <= 10 %, worst <= 25 %; all runs median <= 15 %. Not yet met.
+    medium = published["medium"]
+    high_medium = published["high+medium"]
+    assert isinstance(medium, dict) and isinstance(high_medium, dict)
+    assert medium["median_abs_error"] <= 0.10
+    assert high_medium["median_abs_error"] <= 0.20
+
+
+@pytest.fixture(scope="module")
+def vtrain() -> tuple[list, list]:
+    catalog = load_catalog([DATA / "vtrain_cluster.yaml"])
+    runs = load_runs(shipped_runs_path("vtrain_runs.yaml"))
+    # Megatron-DeepSpeed's pipeline engine reduces gradients after the last micro-batch (no overlap).
+    options = StepOptions(dp_overlap=False)
+    return runs, [predict_run(run, catalog, options, node_id="vtrain-a100-node") for run in runs]
+
+
+def test_vtrain_absolute_accuracy(vtrain: tuple[list, list]) -> None:
+    _, predictions = vtrain
+    summary = summarize(predictions)
+    assert summary["all"]["runs"] == 109
+    assert summary["all"]["median_abs_error"] <= 0.10  # issue 7 target: median |error| <= 10 %
+
+
+def test_vtrain_ranking(vtrain: tuple[list, list]) -> None:
+    runs, predictions = vtrain
+    ranking = rank_groups(runs, predictions)
+    groups = {row["group"].split(" (")[0]: row for row in ranking["groups"]}
+    assert set(groups) == {"GPT 3.6B", "GPT 18.4B", "GPT 39.1B", "GPT 175B"}
+    # Issue 7 targets: Spearman >= 0.9 and regret <= 2 % in every group. Met for 3.6B and 175B;
+    # the 18.4B pick is 4.5 % slower than the best and the 39.1B ranking correlates at ~0.5.
+    assert groups["GPT 3.6B"]["spearman"] >= 0.9 and groups["GPT 175B"]["spearman"] >= 0.9
+    assert min(row["spearman"] for row in groups.values()) >= 0.5
+    assert groups["GPT 3.6B"]["regret"] <= 0.02 and groups["GPT 175B"]["regret"] <= 0.02
+    assert groups["GPT 39.1B"]["regret"] <= 0.02
+    assert max(row["regret"] for row in groups.values()) <= 0.05
