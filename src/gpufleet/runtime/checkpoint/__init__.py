@@ -1,0 +1,36 @@
+"""Crash-safe async checkpointing: `CheckpointManager`, manifests, verification, object-store copies.
+
+Importing this package does not import torch; `CheckpointManager` pulls it in when created.
+"""
+
+from gpufleet.runtime.checkpoint.errors import (
+    CheckpointError,
+    CheckpointNameError,
+    CorruptCheckpointError,
+    TransferError,
+)
+from gpufleet.runtime.checkpoint.manager import CheckpointManager, SaveStats
+from gpufleet.runtime.checkpoint.manifest import CHECKSUM, MANIFEST_NAME, FileEntry, Manifest
+from gpufleet.runtime.checkpoint.retention import steps_to_delete
+from gpufleet.runtime.checkpoint.store import CheckpointInfo, TransferPolicy, list_checkpoints, open_url
+from gpufleet.runtime.checkpoint.verify import VerifyReport, verify_checkpoint
+
+__all__ = [
+    "CHECKSUM",
+    "MANIFEST_NAME",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "CheckpointNameError",
+    "CorruptCheckpointError",
+    "FileEntry",
+    "Manifest",
+    "SaveStats",
+    "TransferError",
+    "TransferPolicy",
+    "VerifyReport",
+    "list_checkpoints",
+    "open_url",
+    "steps_to_delete",
+    "verify_checkpoint",
+]

@@ -1,0 +1,26 @@
+"""Typed errors of the checkpoint runtime."""
+
+from __future__ import annotations
+
+from gpufleet.errors import GpufleetError, InputError
+
+
+class CheckpointError(GpufleetError):
+    """A checkpoint could not be saved, committed, loaded or transferred."""
+
+
+class CheckpointNameError(CheckpointError, InputError):
+    """A checkpoint name or a file path inside one is malformed or would leave the root."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint failed verification; `problems` lists each bad file and why."""
+
+    def __init__(self, where: str, problems: list[str]) -> None:
+        self.where = where
+        self.problems = list(problems)
+        super().__init__(f"checkpoint {where} failed verification: {'; '.join(self.problems)}")
+
+
+class TransferError(CheckpointError):
+    """An upload or download to object storage failed after every retry."""

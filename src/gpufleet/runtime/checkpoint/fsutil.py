@@ -1,0 +1,54 @@
+"""Durable file-system steps: fsync a file or a directory, atomic replace, delete by rename first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from gpufleet.runtime.checkpoint.names import TRASH_PREFIX
+
+
+def fsync_file(path: Path) -> None:
+    """Flush one file's data and metadata to the device."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (a rename or create inside it) to the device."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves either the old file or the new one, never a mix."""
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory so that no crash leaves it half-deleted under its own name.
+
+    The directory is first renamed to a hidden trash name (atomic), the rename made durable, and only
+    then are its files removed.
+    """
+    trash = path.with_name(f"{TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}")
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)

@@ -1,0 +1,491 @@
+"""CheckpointManager: async, crash-safe, sharded checkpoints with retention and object-store upload.
+
+    save(state_dict, step)   stage to host memory (the stall), then write in a background thread:
+        1. rank 0 empties `.tmp-step_…`; every rank waits for it (barrier on a side gloo group)
+        2. every rank writes its DCP shard, fsynced; the coordinator writes `.metadata`
+        3. every rank hashes its own files (xxh3-128) and sends the entries to rank 0 (gather)
+        4. rank 0, holding entries from every rank, writes `manifest.json` and fsyncs it
+        5. rank 0 renames `.tmp-step_…` to `step_…` and fsyncs the root: this is the commit
+        6. rank 0 moves `latest`, applies retention, queues the upload; all ranks learn the outcome
+
+A crash before step 5 leaves only a hidden temporary directory, which is never loaded and is removed
+on the next start; a crash after it leaves a whole, verifiable checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, remove_tree
+from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_stream
+from gpufleet.runtime.checkpoint.names import (
+    LATEST_NAME,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    parse_step,
+    step_dirname,
+)
+from gpufleet.runtime.checkpoint.retention import steps_to_delete
+from gpufleet.runtime.checkpoint.store import (
+    TransferPolicy,
+    copy_checkpoint,
+    join,
+    list_checkpoints,
+    open_url,
+)
+from gpufleet.runtime.checkpoint.verify import verify_checkpoint
+
+log = logging.getLogger(__name__)
+BusyPolicy = Literal["wait", "skip"]
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """Timings of the last finished save, in seconds, and its size."""
+
+    step: int
+    stage_s: float
+    write_s: float
+    commit_s: float
+    size_bytes: int
+
+
+class CheckpointManager:
+    """Crash-safe checkpoints under `root`; see the module docstring for the commit protocol.
+
+    `if_busy` decides what `save()` does while the previous save is still being written: `"wait"`
+    blocks until it is durable (the default; no save is lost), `"skip"` returns False at once and
+    drops this one. Across ranks the decision is made together, so either every rank saves or none.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        keep_last: int = 3,
+        keep_every: int | None = None,
+        upload_to: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        transfer: TransferPolicy | None = None,
+        if_busy: BusyPolicy = "wait",
+        process_group: Any | None = None,
+        verify_on_load: bool = True,
+    ) -> None:
+        if if_busy not in ("wait", "skip"):
+            raise CheckpointError(f"if_busy must be 'wait' or 'skip', got {if_busy!r}")
+        steps_to_delete([], keep_last, keep_every)  # validates both
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.if_busy: BusyPolicy = if_busy
+        self.verify_on_load = verify_on_load
+        self.transfer = transfer or TransferPolicy()
+        self._remote: tuple[Any, str] | None = (open_url(upload_to, storage_options)
+                                                if upload_to else None)
+        self._init_distributed(process_group)
+        from gpufleet.runtime.checkpoint.staging import HostStager
+
+        self._stager = HostStager()
+        self._pending: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._last_committed: int | None = None
+        self.last_stats: SaveStats | None = None
+        self._uploads: queue.Queue[int | None] = queue.Queue()
+        self._upload_errors: list[str] = []
+        self._uploaded: set[int] = set()
+        self._uploader: threading.Thread | None = None
+        self._closed = False
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._sweep()
+            if self._remote is not None:
+                self._uploader = threading.Thread(target=self._upload_loop, name="ckpt-upload", daemon=True)
+                self._uploader.start()
+        self._barrier(self._ctl_group)
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def save(self, state_dict: dict[str, Any], step: int, *, blocking: bool = False,
+             metadata: dict[str, Any] | None = None) -> bool:
+        """Stage `state_dict` to host memory and write it as checkpoint `step`.
+
+        Returns False when the save was skipped (policy `"skip"` and a save still in flight), True
+        otherwise. With `blocking=True` it returns once the checkpoint is committed and durable. A
+        failure of an earlier background save is raised here as CheckpointError.
+        """
+        self._check_open()
+        step_dirname(step)
+        self._raise_pending_error()
+        busy = self._pending is not None and self._pending.is_alive()
+        if self.if_busy == "skip" and self._any_rank(busy):
+            log.info("checkpoint step %d skipped: the previous save is still being written", step)
+            return False
+        self.wait()
+        start_s = time.perf_counter()
+        staged = self._stager.stage(state_dict)
+        stage_s = time.perf_counter() - start_s
+        thread = threading.Thread(target=self._write_guarded, args=(staged, step, stage_s, metadata),
+                                  name=f"ckpt-save-{step}", daemon=True)
+        self._pending = thread
+        thread.start()
+        if blocking:
+            self.wait()
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the save in flight is committed and durable; raise its failure if it failed."""
+        thread = self._pending
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise CheckpointError(f"checkpoint save still running after {timeout_s} s")
+            self._pending = None
+        self._raise_pending_error()
+
+    def wait_uploads(self, timeout_s: float | None = None) -> None:
+        """Block until every queued upload has been attempted (rank 0); raise if any failed."""
+        if self._uploader is None:
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._uploads.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                raise CheckpointError(f"uploads still running after {timeout_s} s")
+            time.sleep(0.02)
+        if self._upload_errors:
+            errors, self._upload_errors = self._upload_errors, []
+            raise CheckpointError("; ".join(errors))
+
+    def close(self) -> None:
+        """Finish the save in flight and the queued uploads, then stop background work."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._uploader is not None:
+                self._uploads.put(None)
+                self._uploader.join()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def last_committed_step(self) -> int | None:
+        """The newest step this manager has committed (after `wait()` it is durable)."""
+        return self._last_committed
+
+    @property
+    def uploaded_steps(self) -> set[int]:
+        return set(self._uploaded)
+
+    def steps(self) -> list[int]:
+        """Committed local steps (a manifest is present), oldest first; not checksummed."""
+        return [s for s, path in self._local_dirs() if (path / MANIFEST_NAME).exists()]
+
+    def load_latest(self, template: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
+        """The newest checkpoint whose manifest verifies, as `(step, state_dict)`, or None.
+
+        Damaged or incomplete checkpoints are skipped with a warning naming them. When no local
+        checkpoint verifies and `upload_to` is set, the newest complete one in the store is
+        downloaded, verified and committed locally first. `template` (this rank's state dict) makes
+        DCP reshard into its layout; without one a single process gets the whole state dict.
+        """
+        self._check_open()
+        self.wait()
+        choice = self._choose_latest() if self.rank == 0 else None
+        step = self._broadcast(choice)
+        if step is None:
+            return None
+        return step, self._read(step, template)
+
+    def load(self, step: int, template: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Load checkpoint `step` (verified first when `verify_on_load`)."""
+        self._check_open()
+        self.wait()
+        path = self.root / step_dirname(step)
+        problem = None
+        if self.rank == 0 and self.verify_on_load:
+            report = verify_checkpoint(_local_fs(), str(path))
+            problem = None if report.ok else "; ".join(report.problems)
+        problem = self._broadcast(problem)
+        if problem:
+            raise CorruptCheckpointError(str(path), problem.split("; "))
+        return self._read(step, template)
+
+    # -- background save --------------------------------------------------------------------------
+
+    def _write_guarded(self, staged: dict[str, Any], step: int, stage_s: float,
+                       metadata: dict[str, Any] | None) -> None:
+        try:
+            self._write(staged, step, stage_s, metadata)
+        except BaseException as error:  # surfaced to the caller by wait()/save()
+            log.error("checkpoint step %d failed: %s", step, error)
+            self._error = error
+
+    def _write(self, staged: dict[str, Any], step: int, stage_s: float,
+               metadata: dict[str, Any] | None) -> None:
+        from gpufleet.runtime.checkpoint import dcp_io
+
+        tmp = self.root / f"{TMP_PREFIX}{step_dirname(step)}"
+        if self.rank == 0:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        self._barrier(self._io_group)
+        start_s = time.perf_counter()
+        local_error: str | None = None
+        entries: dict[str, FileEntry] = {}
+        try:
+            dcp_io.write(staged, tmp, self._io_group if self.world_size > 1 else None)
+            entries = self._hash_own_files(tmp)
+        except Exception as error:
+            local_error = f"rank {self.rank}: {type(error).__name__}: {error}"
+        write_s = time.perf_counter() - start_s
+        gathered = self._gather((entries, local_error))
+        outcome: str | None = None
+        commit_start_s = time.perf_counter()
+        if self.rank == 0:
+            try:
+                outcome = self._commit(tmp, step, gathered, metadata)
+            except Exception as error:
+                outcome = f"commit: {type(error).__name__}: {error}"
+        outcome = self._broadcast(outcome, group=self._io_group)
+        if outcome is not None:
+            raise CheckpointError(f"checkpoint step {step} not saved ({outcome}); the previous ones are intact")
+        self._last_committed = step
+        size = sum(e.size_bytes for part in gathered or [] for e in part[0].values())
+        self.last_stats = SaveStats(step, stage_s, write_s, time.perf_counter() - commit_start_s, size)
+
+    def _hash_own_files(self, tmp: Path) -> dict[str, FileEntry]:
+        mine = sorted(tmp.glob(f"__{self.rank}_*.distcp"))
+        if self.rank == 0:
+            mine.append(tmp / ".metadata")
+        entries = {}
+        for path in mine:
+            with open(path, "rb") as handle:
+                entries[path.name] = hash_stream(handle)
+                os.fsync(handle.fileno())
+        return entries
+
+    def _commit(self, tmp: Path, step: int, gathered: list[Any] | None,
+                metadata: dict[str, Any] | None) -> str | None:
+        import torch
+
+        parts = gathered or []
+        errors = [err for _, err in parts if err]
+        if errors or len(parts) != self.world_size:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return "; ".join(errors) or f"{len(parts)} of {self.world_size} ranks reported"
+        files: dict[str, FileEntry] = {}
+        for rank_entries, _ in parts:
+            files.update(rank_entries)
+        on_disk = {p.name for p in tmp.iterdir()}
+        if on_disk != set(files):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return f"files on disk {sorted(on_disk)} differ from those the ranks reported {sorted(files)}"
+        manifest = Manifest(step=step, world_size=self.world_size, files=files,
+                            framework={"name": "torch.distributed.checkpoint", "torch": torch.__version__},
+                            user=dict(metadata or {}))
+        atomic_write(tmp / MANIFEST_NAME, manifest.to_json())
+        fsync_dir(tmp)
+        final = self.root / step_dirname(step)
+        if final.exists():
+            remove_tree(final)
+        os.rename(tmp, final)
+        fsync_dir(self.root)
+        atomic_write(self.root / LATEST_NAME, f"{final.name}\n".encode())
+        self._retain()
+        if self._remote is not None:
+            self._uploads.put(step)
+        return None
+
+    def _retain(self) -> None:
+        committed = self.steps()
+        for step in steps_to_delete(committed, self.keep_last, self.keep_every):
+            remove_tree(self.root / step_dirname(step))
+
+    # -- upload and restore -----------------------------------------------------------------------
+
+    def _upload_loop(self) -> None:
+        while True:
+            step = self._uploads.get()
+            try:
+                if step is None:
+                    return
+                self._upload(step)
+            except Exception as error:
+                log.error("upload of step %s failed: %s", step, error)
+                self._upload_errors.append(f"upload of step {step}: {error}")
+            finally:
+                self._uploads.task_done()
+
+    def _upload(self, step: int) -> None:
+        assert_remote = self._remote
+        if assert_remote is None:
+            return
+        fs, base = assert_remote
+        local = self.root / step_dirname(step)
+        if not local.exists():
+            log.warning("step %d was pruned before its upload; skipped", step)
+            return
+        copy_checkpoint(_local_fs(), str(local), fs, join(base, step_dirname(step)), self.transfer)
+        self._uploaded.add(step)
+
+    def _restore_from_store(self) -> int | None:
+        if self._remote is None:
+            return None
+        fs, base = self._remote
+        for info in reversed(list_checkpoints(fs, base)):
+            if not info.complete:
+                log.warning("remote checkpoint %s has no manifest (partial upload); skipped", info.path)
+                continue
+            tmp = self.root / f"{TMP_PREFIX}download-{step_dirname(info.step)}"
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            try:
+                copy_checkpoint(fs, info.path, _local_fs(), str(tmp), self.transfer)
+            except Exception as error:
+                log.warning("download of %s failed: %s", info.path, error)
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            report = verify_checkpoint(_local_fs(), str(tmp))
+            if not report.ok:
+                log.warning("downloaded checkpoint %s is damaged (%s); skipped", info.path,
+                            "; ".join(report.problems))
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            for path in tmp.iterdir():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+            fsync_dir(tmp)
+            final = self.root / step_dirname(info.step)
+            if final.exists():
+                remove_tree(final)
+            os.rename(tmp, final)
+            fsync_dir(self.root)
+            log.warning("restored checkpoint step %d from %s", info.step, info.path)
+            return info.step
+        return None
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def _choose_latest(self) -> int | None:
+        for step, path in reversed(self._local_dirs()):
+            if not (path / MANIFEST_NAME).exists():
+                log.warning("checkpoint %s has no manifest (incomplete); skipped", path)
+                continue
+            if self.verify_on_load:
+                report = verify_checkpoint(_local_fs(), str(path))
+                if not report.ok:
+                    log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(report.problems))
+                    continue
+            return step
+        return self._restore_from_store()
+
+    def _read(self, step: int, template: dict[str, Any] | None) -> dict[str, Any]:
+        from gpufleet.runtime.checkpoint import dcp_io
+
+        group = self._ctl_group if self.world_size > 1 else None
+        return dcp_io.read(self.root / step_dirname(step), template, group)
+
+    def _local_dirs(self) -> list[tuple[int, Path]]:
+        found = []
+        if self.root.is_dir():
+            for path in self.root.iterdir():
+                step = parse_step(path.name)
+                if step is not None and path.is_dir() and not path.is_symlink():
+                    found.append((step, path))
+        return sorted(found)
+
+    def _sweep(self) -> None:
+        """Remove what crashed saves and deletions left behind: hidden temporary and trash dirs."""
+        for path in self.root.iterdir():
+            if path.name.startswith((TMP_PREFIX, TRASH_PREFIX)) and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name.startswith((f"{LATEST_NAME}.tmp-", f"{MANIFEST_NAME}.tmp-")):
+                path.unlink(missing_ok=True)
+
+    # -- distributed plumbing ---------------------------------------------------------------------
+
+    def _init_distributed(self, process_group: Any | None) -> None:
+        import torch.distributed as dist
+
+        self._io_group: Any = None
+        self._ctl_group: Any = None
+        if process_group is None and not (dist.is_available() and dist.is_initialized()):
+            self.rank, self.world_size = 0, 1
+            return
+        ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        # Two side groups on gloo: one used only by the background writer, one only by the caller's
+        # thread, so collectives of the two threads never interleave on one group.
+        self._io_group = dist.new_group(ranks=ranks, backend="gloo")
+        self._ctl_group = dist.new_group(ranks=ranks, backend="gloo")
+
+    def _barrier(self, group: Any | None) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=group)
+
+    def _gather(self, item: Any) -> list[Any] | None:
+        if self.world_size == 1:
+            return [item]
+        import torch.distributed as dist
+
+        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(item, out, dst=dist.get_global_rank(self._io_group, 0), group=self._io_group)
+        return out
+
+    def _broadcast(self, item: Any, group: Any = None) -> Any:
+        if self.world_size == 1:
+            return item
+        import torch.distributed as dist
+
+        group = group or self._ctl_group
+        box = [item]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        return box[0]
+
+    def _any_rank(self, flag: bool) -> bool:
+        if self.world_size == 1:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([int(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._ctl_group)
+        return bool(value.item())
+
+    def _raise_pending_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            if isinstance(error, CheckpointError):
+                raise error
+            raise CheckpointError(f"background checkpoint save failed: {error}") from error
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("this CheckpointManager is closed")
+
+
+def _local_fs() -> Any:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem()
+
+

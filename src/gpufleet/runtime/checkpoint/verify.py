@@ -1,0 +1,75 @@
+"""Verification of a checkpoint directory on any fsspec file system (local disk or object store)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.runtime.checkpoint.errors import CheckpointNameError, CorruptCheckpointError
+from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, Manifest, hash_stream
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of checking one checkpoint: `problems` names each bad file and why."""
+
+    where: str
+    manifest: Manifest | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.manifest is not None and not self.problems
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}"
+
+
+def read_manifest(fs: Any, path: str) -> Manifest:
+    """The manifest of the checkpoint at `path`; CorruptCheckpointError if missing or damaged."""
+    target = _join(path, MANIFEST_NAME)
+    try:
+        with fs.open(target, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError as error:
+        raise CorruptCheckpointError(path, [f"{MANIFEST_NAME}: missing (the save never committed)"]) from error
+    return Manifest.from_json(data, path)
+
+
+def _relative_listing(fs: Any, path: str) -> set[str]:
+    base = fs._strip_protocol(path).rstrip("/") + "/"
+    names = set()
+    for found in fs.find(path, withdirs=False):
+        stripped = fs._strip_protocol(found)
+        if stripped.startswith(base):
+            names.add(stripped[len(base):])
+    return names
+
+
+def verify_checkpoint(fs: Any, path: str, *, checksums: bool = True) -> VerifyReport:
+    """Check the manifest, then every file's presence, size and (optionally) checksum."""
+    report = VerifyReport(where=path)
+    try:
+        manifest = read_manifest(fs, path)
+    except (CorruptCheckpointError, CheckpointNameError) as error:
+        report.problems.extend(getattr(error, "problems", [str(error)]))
+        return report
+    report.manifest = manifest
+    present = _relative_listing(fs, path)
+    for name, entry in sorted(manifest.files.items()):
+        if name not in present:
+            report.problems.append(f"{name}: missing")
+            continue
+        size = int(fs.info(_join(path, name))["size"])
+        if size != entry.size_bytes:
+            report.problems.append(f"{name}: size {size} bytes, manifest says {entry.size_bytes}")
+            continue
+        if checksums:
+            with fs.open(_join(path, name), "rb") as handle:
+                actual = hash_stream(handle)
+            if actual.checksum != entry.checksum:
+                report.problems.append(f"{name}: checksum mismatch (bit rot or a partial overwrite)")
+    for extra in sorted(present - set(manifest.files) - {MANIFEST_NAME}):
+        report.problems.append(f"{extra}: not listed in the manifest")
+    return report
