@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Literal
 
 from gpufleet.catalog.records import ModelSpec
@@ -129,7 +130,8 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("hsdp", f"hsdp shard group {layout.hsdp_group} must divide dp={layout.dp}")
 
 
-def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> list[int]:
+@lru_cache(maxsize=4096)
+def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> tuple[int, ...]:
     """Transformer layers held by pipeline rank `stage` (0-based), interleaved over `vpp` chunks.
 
     Layers split into pp*vpp contiguous chunks; chunk c goes to rank c % pp. When they do not divide
@@ -142,8 +144,21 @@ def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> list[int]
     sizes = [base] * chunks
     for chunk in order[:extra]:
         sizes[chunk] += 1
-    starts = [sum(sizes[:c]) for c in range(chunks)]
+    starts = [0] * chunks
+    for chunk in range(1, chunks):
+        starts[chunk] = starts[chunk - 1] + sizes[chunk - 1]
     held: list[int] = []
     for chunk in range(stage, chunks, pp):
         held.extend(range(starts[chunk], starts[chunk] + sizes[chunk]))
-    return held
+    return tuple(held)
+
+
+@lru_cache(maxsize=4096)
+def stage_layer_split(layers: int, pp: int, vpp: int, first_moe_layer: int) -> tuple[tuple[int, int], ...]:
+    """(dense layers, MoE layers) held by each pipeline rank; layers from `first_moe_layer` on are MoE."""
+    split = []
+    for stage in range(pp):
+        held = stage_layer_indices(layers, pp, vpp, stage)
+        moe = sum(1 for index in held if index >= first_moe_layer)
+        split.append((len(held) - moe, moe))
+    return tuple(split)

@@ -14,7 +14,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, Placement, group_span
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_indices
+from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_split
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
@@ -104,13 +104,17 @@ class _StageParams:
 def stage_parameters(job: Job, layout: Layout, stage: int) -> _StageParams:
     """Parameters held by one GPU of pipeline stage `stage` (after tp, ep sharding)."""
     model = job.model
+    first_moe = model.layers if model.moe is None else model.moe.dense_layers
+    n_dense, n_moe = stage_layer_split(model.layers, layout.pp, layout.vpp, first_moe)[stage]
     dense = 0.0
     expert = 0.0
-    for index in stage_layer_indices(model.layers, layout.pp, layout.vpp, stage):
+    for count, index in ((n_dense, 0), (n_moe, model.layers - 1)):
+        if count == 0:
+            continue
         layer = layer_params(model, index)
-        dense += (layer.attention + layer.dense_mlp + layer.shared_experts) / layout.tp
-        dense += layer.norms + layer.router
-        expert += layer.routed_experts / (layout.ep * layout.tp)
+        dense += count * ((layer.attention + layer.dense_mlp + layer.shared_experts) / layout.tp
+                          + layer.norms + layer.router)
+        expert += count * layer.routed_experts / (layout.ep * layout.tp)
     if stage == 0:
         dense += embedding_params(model) / layout.tp
     if stage == layout.pp - 1:
@@ -197,10 +201,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     p2p = _cost("send-recv", p2p_bytes, "pp", layout, cluster, options) if pp > 1 else None
     p2p_per_mb_s = 2 * vpp * p2p.time_s if p2p else 0.0
     stage_times = []
-    stage_layers = [stage_layer_indices(model.layers, pp, vpp, stage) for stage in range(pp)]
-    for stage in range(pp):
-        n_moe = sum(1 for index in stage_layers[stage] if index >= moe_from)
-        n_dense = len(stage_layers[stage]) - n_moe
+    for stage, (n_dense, n_moe) in enumerate(stage_layer_split(model.layers, pp, vpp, moe_from)):
         t = n_dense * dense_time + n_moe * moe_time + p2p_per_mb_s
         if stage == pp - 1:
             t += logits_s

@@ -84,8 +84,11 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                 if model.moe is not None:
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
                 for ep in options("ep", eps):
-                    for vpp in options("vpp", [v for v in space.vpps if v == 1 or pp > 1]):
-                        for mb in options("micro_batch", [b for b in space.micro_batches if per_replica % b == 0]):
+                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= model.layers)]
+                    for vpp in options("vpp", vpps):
+                        mbs = [b for b in space.micro_batches if per_replica % b == 0
+                               and (vpp == 1 or (per_replica // b) % pp == 0)]
+                        for mb in options("micro_batch", mbs):
                             for sharding in options("sharding", space.shardings):
                                 for recompute in options("recompute", space.recomputes):
                                     sps = [True, False] if tp > 1 else [False]
