@@ -44,9 +44,9 @@ def _report(stages: list[MemoryBreakdown], hbm_bytes: float) -> dict[str, Any]:
 def register(app: typer.Typer) -> None:
     @app.command("memory")
     def memory(
-        model: str = typer.Option(..., "--model", help="Model id (`gpufleet catalog list models`)."),
-        gpu: str = typer.Option(..., "--gpu", help="GPU id (`gpufleet catalog list gpus`)."),
-        gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs in the job."),
+        model: str = typer.Option(..., "--model", "-m", help="Model id (`gpufleet catalog list models`)."),
+        gpu: str = typer.Option(..., "--gpu", "-g", help="GPU id (`gpufleet catalog list gpus`)."),
+        gpus: int = typer.Option(..., "--gpus", "-n", min=1, help="GPUs in the job."),
         tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
         pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel degree."),
         cp: int = typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
