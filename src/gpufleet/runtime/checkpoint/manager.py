@@ -251,7 +251,7 @@ class CheckpointManager:
         try:
             dcp_io.write(staged, tmp, self._io_group if self.world_size > 1 else None)
             entries = self._hash_own_files(tmp)
-        except Exception as error:
+        except BaseException as error:  # DCP's CheckpointException derives from BaseException
             local_error = f"rank {self.rank}: {type(error).__name__}: {error}"
         write_s = time.perf_counter() - start_s
         gathered = self._gather((entries, local_error))
@@ -264,6 +264,9 @@ class CheckpointManager:
                 outcome = f"commit: {type(error).__name__}: {error}"
         outcome = self._broadcast(outcome, group=self._io_group)
         if outcome is not None:
+            self._barrier(self._io_group)  # every rank has stopped touching the temporary directory
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(f"checkpoint step {step} not saved ({outcome}); the previous ones are intact")
         self._last_committed = step
         size = sum(e.size_bytes for part in gathered or [] for e in part[0].values())

@@ -1,0 +1,150 @@
+"""Child processes for the fault tests: a fork server for SIGKILL trials and torch.distributed ranks.
+
+Run as `python _workers.py zygote` (reads `fork ROOT LOG` lines, answers with child pids, `reap PID`
+answers the exit status) or `python _workers.py rank SCENARIO ROOT` with RANK/WORLD_SIZE/MASTER_* set.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Any
+
+import torch
+
+
+def expected_state(step: int) -> dict[str, Any]:
+    """A state dict whose every byte is a function of `step`, so a load can be checked exactly."""
+    gen = torch.Generator().manual_seed(step)
+    return {
+        "model": {"w": torch.randn(384, 384, generator=gen), "b": torch.full((1000,), float(step))},
+        "optim": {"m": torch.randn(256, 256, generator=gen).to(torch.bfloat16), "count": torch.tensor(step)},
+        "step": step,
+        "meta": {"name": f"step-{step}", "lr": 0.5 / (step + 1)},
+    }
+
+
+def same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def save_loop(root: str, log_path: str) -> None:
+    """Resume from the newest checkpoint, then save forever, logging each step made durable."""
+    from gpufleet.runtime.checkpoint import CheckpointManager
+
+    log = open(log_path, "a", buffering=1)
+    manager = CheckpointManager(root, keep_last=2)
+    found = manager.load_latest()
+    if found is not None and not same_state(found[1], expected_state(found[0])):
+        log.write(f"BAD resume {found[0]}\n")
+    step = 0 if found is None else found[0] + 1
+    durable = None
+    while True:
+        state = expected_state(step)
+        manager.save(state, step)
+        state["model"]["w"].add_(1.0)  # training goes on while the save is written
+        state["optim"]["count"].fill_(-1)
+        if manager.last_committed_step != durable:
+            durable = manager.last_committed_step
+            log.write(f"durable {durable}\n")
+        step += 1
+
+
+def zygote() -> None:
+    torch.set_num_threads(1)
+    import gpufleet.runtime.checkpoint.dcp_io  # noqa: F401  (warm every import before forking)
+    import gpufleet.runtime.checkpoint.manager  # noqa: F401
+    import gpufleet.runtime.checkpoint.staging  # noqa: F401
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        words = line.split()
+        if words[0] == "fork":
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    save_loop(words[1], words[2])
+                finally:
+                    os._exit(3)
+            sys.stdout.write(f"{pid}\n")
+        elif words[0] == "reap":
+            _, status = os.waitpid(int(words[1]), 0)
+            sys.stdout.write(f"{status}\n")
+        sys.stdout.flush()
+
+
+def rank_main(scenario: str, root: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from gpufleet.runtime.checkpoint import CheckpointError, CheckpointManager
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+
+    def global_w(step: int) -> torch.Tensor:
+        return torch.arange(48 * 8, dtype=torch.float32).reshape(48, 8) + 1000 * step
+
+    def state(step: int, w: torch.Tensor | None = None) -> dict[str, Any]:
+        full = global_w(step) if w is None else w
+        return {"w": distribute_tensor(full, mesh, [Shard(0)]), "bias": torch.full((4,), float(step)),
+                "step": step}
+
+    if scenario == "save":
+        manager = CheckpointManager(root, keep_last=5)
+        for step in (1, 2, 3):
+            current = state(step)
+            manager.save(current, step)
+            current["w"].to_local().add_(7.0)  # mutate after save returns: the checkpoint must not see it
+        manager.close()
+        print(f"rank {rank} committed {manager.last_committed_step}", flush=True)
+    elif scenario == "load":
+        manager = CheckpointManager(root)
+        template = state(0, torch.zeros(48, 8))
+        found = manager.load_latest(template)
+        assert found is not None
+        step, loaded = found
+        rows = 48 // world
+        want = global_w(step)[rank * rows:(rank + 1) * rows]
+        if not torch.equal(loaded["w"].to_local(), want) or loaded["step"] != step:
+            raise SystemExit(f"rank {rank}: wrong shard after resharding load")
+        print(f"rank {rank} loaded {step}", flush=True)
+    elif scenario == "fail":
+        manager = CheckpointManager(root, keep_last=5)
+        manager.save(state(1), 1, blocking=True)
+        from torch.distributed.checkpoint.filesystem import _FileSystemWriter
+
+        real_write = _FileSystemWriter.write_data
+        if rank == world - 1:  # the disk of one rank fills up inside DCP's own write
+            def failing(*args: Any, **kwargs: Any) -> Any:
+                raise OSError(errno.ENOSPC, "No space left on device (injected on the last rank)")
+            _FileSystemWriter.write_data = failing  # type: ignore[method-assign]
+        manager.save(state(2), 2)
+        try:
+            manager.wait()
+            raise SystemExit(f"rank {rank}: a failed rank did not fail the save")
+        except CheckpointError as error:
+            print(f"rank {rank} saw failure: {error}", flush=True)
+        _FileSystemWriter.write_data = real_write  # type: ignore[method-assign]
+        manager.save(state(3), 3, blocking=True)
+        manager.close()
+        print(f"rank {rank} steps {manager.steps()}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "zygote":
+        zygote()
+    else:
+        rank_main(sys.argv[2], sys.argv[3])
