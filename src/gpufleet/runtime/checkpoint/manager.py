@@ -252,7 +252,9 @@ class CheckpointManager:
             dcp_io.write(staged, tmp, self._io_group if self.world_size > 1 else None)
             entries = self._hash_own_files(tmp)
         except BaseException as error:  # DCP's CheckpointException derives from BaseException
-            local_error = f"rank {self.rank}: {type(error).__name__}: {error}"
+            free_bytes = shutil.disk_usage(self.root).free
+            local_error = (f"rank {self.rank}: {type(error).__name__}: {error} "
+                           f"[{free_bytes} bytes free on {self.root}]")
         write_s = time.perf_counter() - start_s
         gathered = self._gather((entries, local_error))
         outcome: str | None = None

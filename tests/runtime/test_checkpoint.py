@@ -1,0 +1,205 @@
+"""Single-process behaviour: commit layout, async isolation, busy policy, retention, corruption
+detection (bit flips, truncation, missing shard, missing manifest), safe loading, disk full, CLI."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _workers import expected_state, same_state  # noqa: E402
+
+from gpufleet.cli.main import run as cli_run  # noqa: E402
+from gpufleet.runtime.checkpoint import (  # noqa: E402
+    CheckpointError,
+    CheckpointManager,
+    CheckpointNameError,
+    CorruptCheckpointError,
+    steps_to_delete,
+)
+from gpufleet.runtime.checkpoint.names import check_relpath, inside, step_dirname  # noqa: E402
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """Run `gpufleet ckpt …` in a subprocess (fresh interpreter, real exit code)."""
+    proc = subprocess.run([sys.executable, "-c", "from gpufleet.cli.main import run; run()", "ckpt", *args],
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def saved(root: Path, steps: range, **kwargs: Any) -> CheckpointManager:
+    manager = CheckpointManager(root, **kwargs)
+    for step in steps:
+        manager.save(expected_state(step), step)
+    manager.wait()
+    return manager
+
+
+def test_names_and_retention_rules() -> None:
+    assert step_dirname(42) == "step_000000000042"
+    for bad in (-1, 1.5, True, 10**12):
+        with pytest.raises(CheckpointNameError):
+            step_dirname(bad)  # type: ignore[arg-type]
+    for bad in ("../x", "/etc/passwd", "a/../../b", "", "a\\b"):
+        with pytest.raises(CheckpointNameError):
+            check_relpath(bad)
+    with pytest.raises(CheckpointNameError):
+        inside(Path("/tmp/root"), "../escape")
+    assert steps_to_delete([1, 2, 3, 4, 5], keep_last=2) == [1, 2, 3]
+    assert steps_to_delete([10, 20, 30, 40, 50], keep_last=2, keep_every=20) == [10, 30]
+    with pytest.raises(CheckpointError):
+        steps_to_delete([1], keep_last=0)
+
+
+def test_async_save_is_isolated_from_later_training_steps(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    state = expected_state(7)
+    manager.save(state, 7)
+    state["model"]["w"].mul_(0)  # the training loop overwrites its tensors at once
+    manager.wait()
+    found = manager.load_latest()
+    assert found is not None and found[0] == 7 and same_state(found[1], expected_state(7))
+    assert (tmp_path / "latest").read_text().strip() == "step_000000000007"
+    assert sorted(p.name for p in (tmp_path / "step_000000000007").iterdir()) == [
+        ".metadata", "__0_0.distcp", "manifest.json"]
+
+
+def test_busy_policy_skip_drops_the_second_save(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, if_busy="skip")
+    big = {"w": torch.randn(2048, 2048)}
+    assert manager.save(big, 1) is True
+    assert manager.save(big, 2) is False  # the first is still being written
+    manager.wait()
+    assert manager.save(big, 3, blocking=True) is True
+    assert manager.steps() == [1, 3]
+
+
+def test_retention_keeps_last_and_every(tmp_path: Path) -> None:
+    manager = saved(tmp_path, range(1, 8), keep_last=2, keep_every=3)
+    assert manager.steps() == [3, 6, 7]
+
+
+def test_load_into_a_template(tmp_path: Path) -> None:
+    manager = saved(tmp_path, range(2))
+    template = expected_state(99)
+    loaded = manager.load(0, template)
+    assert same_state(loaded, expected_state(0))
+
+
+def _flip_bit(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "bit flip in a shard": lambda d: _flip_bit(d / "__0_0.distcp", 4000),
+    "bit flip in DCP metadata": lambda d: _flip_bit(d / ".metadata", 100),
+    "bit flip in the manifest": lambda d: _flip_bit(d / "manifest.json", 60),
+    "truncated shard": lambda d: os.truncate(d / "__0_0.distcp", 1000),
+    "missing shard": lambda d: (d / "__0_0.distcp").unlink(),
+    "missing manifest": lambda d: (d / "manifest.json").unlink(),
+    "extra file": lambda d: (d / "__9_0.distcp").write_bytes(b"junk"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damage_is_detected_by_verify_and_skipped_by_load_latest(tmp_path: Path, damage: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    manager = saved(tmp_path, range(1, 3), keep_last=5)
+    newest = tmp_path / "step_000000000002"
+    DAMAGE[damage](newest)
+    code, out, err = cli("verify", str(tmp_path))
+    assert code == 1, (out, err)
+    assert "BAD  step 2" in out and "ok  step 1" in out
+    code, out, _ = cli("verify", str(tmp_path), "--json")
+    result = json.loads(out)
+    assert [c["ok"] for c in result["checkpoints"]] == [True, False]
+    assert all(str(newest) in problem for problem in result["checkpoints"][1]["problems"])
+    found = manager.load_latest()
+    assert found is not None and found[0] == 1 and same_state(found[1], expected_state(1))
+    assert "step_000000000002" in caplog.text
+    with pytest.raises(CorruptCheckpointError):
+        manager.load(2)
+
+
+def test_metadata_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    from gpufleet.runtime.checkpoint.dcp_io import SafeReader
+
+    saved(tmp_path, range(1))
+    evil = tmp_path / "evil"
+    evil.mkdir()
+
+    class Boom:
+        def __reduce__(self) -> Any:
+            return (os.system, ("echo pwned > /dev/null",))
+
+    (evil / ".metadata").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(CheckpointError, match="not allowed"):
+        SafeReader(evil).read_metadata()
+
+
+def test_disk_full_fails_loudly_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                             capture_output=True).returncode == 0
+    try:
+        root = mount / "ckpt"
+        manager = CheckpointManager(root, keep_last=5)
+        manager.save({"w": torch.ones(1000)}, 1, blocking=True)
+        too_big = {"w": torch.ones(1024, 1024)}  # 4 MiB
+        if not mounted:  # no tmpfs allowed here: inject the same kernel error into DCP's writer
+            from torch.distributed.checkpoint.filesystem import _FileSystemWriter
+
+            def full(*args: Any, **kwargs: Any) -> Any:
+                raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+            original = _FileSystemWriter.write_data
+            _FileSystemWriter.write_data = full  # type: ignore[method-assign]
+        try:
+            manager.save(too_big, 2)
+            with pytest.raises(CheckpointError, match="not saved") as failure:
+                manager.wait()
+            assert "bytes free on" in str(failure.value)
+        finally:
+            if not mounted:
+                _FileSystemWriter.write_data = original  # type: ignore[method-assign]
+        assert manager.steps() == [1]
+        assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+        found = manager.load_latest()
+        assert found is not None and found[0] == 1 and torch.equal(found[1]["w"], torch.ones(1000))
+        assert (root / "latest").read_text().strip() == "step_000000000001"
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_cli_list_prune_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved(tmp_path, range(1, 5), keep_last=10)
+    (tmp_path / "step_000000000009").mkdir()  # an incomplete one: no manifest
+    with pytest.raises(SystemExit) as done:
+        cli_run(["ckpt", "list", str(tmp_path), "--json"])
+    assert done.value.code == 0
+    rows = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert [(r["step"], r["complete"]) for r in rows] == [(1, True), (2, True), (3, True), (4, True), (9, False)]
+    with pytest.raises(SystemExit) as done:
+        cli_run(["ckpt", "prune", str(tmp_path), "--keep-last", "2", "--incomplete"])
+    assert done.value.code == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == [
+        "step_000000000003", "step_000000000004"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        cli_run(["ckpt", "verify", str(tmp_path / "nowhere")])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1
