@@ -59,8 +59,8 @@ def save_loop(root: str, log_path: str) -> None:
 
 def zygote() -> None:
     torch.set_num_threads(1)
-    import gpufleet.runtime.checkpoint.dcp_io  # noqa: F401  (warm every import before forking)
-    import gpufleet.runtime.checkpoint.manager  # noqa: F401
+    import gpufleet.runtime.checkpoint.dcp_io
+    import gpufleet.runtime.checkpoint.manager
     import gpufleet.runtime.checkpoint.staging  # noqa: F401
 
     sys.stdout.write("ready\n")

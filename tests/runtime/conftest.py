@@ -103,7 +103,8 @@ class FaultProxy:
                 for key, value in response.getheaders():
                     if key.lower() not in HOP_HEADERS and key.lower() != "content-length":
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -137,7 +138,8 @@ class S3:
             "key": "testing",
             "secret": "testing",
             "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
-            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 10},
+            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 10,
+                              "request_checksum_calculation": "when_required"},
             "skip_instance_cache": True,
         }
 

@@ -12,9 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _net import free_port  # noqa: E402
+
 from gpufleet.runtime.checkpoint import CheckpointManager, verify_checkpoint  # noqa: E402
 from gpufleet.runtime.checkpoint.manager import _local_fs  # noqa: E402
-from _net import free_port  # noqa: E402
 
 WORKER = Path(__file__).with_name("_workers.py")
 pytestmark = pytest.mark.slow
