@@ -27,6 +27,7 @@ class GroupSpan:
     nodes: int  # nodes the group spans
     nodes_per_leaf: int  # of the group's nodes, how many share one leaf switch
     leaves: int  # leaf switches the group spans
+    contiguous: bool = True  # consecutive ranks' nodes share a leaf (block); False: they alternate (scatter)
 
     @property
     def intra_node(self) -> bool:
