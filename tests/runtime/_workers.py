@@ -39,7 +39,7 @@ def save_loop(root: str, log_path: str) -> None:
     """Resume from the newest checkpoint, then save forever, logging each step made durable."""
     from gpufleet.runtime.checkpoint import CheckpointManager
 
-    log = open(log_path, "a", buffering=1)
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 (held until SIGKILL)
     manager = CheckpointManager(root, keep_last=2)
     found = manager.load_latest()
     if found is not None and not same_state(found[1], expected_state(found[0])):
