@@ -12,9 +12,9 @@ group gets is the bottleneck of the links its ring really crosses:
 * across leaves: a leaf's uplinks carry 1/oversubscription of its down bandwidth. A ring crosses a
   leaf boundary once per leaf, so a group with m of its nodes under each leaf loads the uplinks
   os/m times their share: it slows down by max(1, os/m). When consecutive ranks' nodes sit under
-  different leaves (scatter placement, `GroupSpan.contiguous` False) every inter-node ring hop crosses:
-  m = 1, a slowdown of os (the flow-level simulator showed the old os/m, m = nodes per leaf, was
-  optimistic by up to os×). Uniform traffic (all-to-all) sends a fraction 1 - m/nodes of its bytes
+  different leaves (scatter placement, `GroupSpan.contiguous` False) every inter-node ring hop crosses,
+  and the m nodes' traffic shares the uplinks of a full leaf of L nodes: max(1, os·m/L) (the
+  flow-level simulator showed the old os/m was optimistic by up to os×). Uniform traffic (all-to-all) sends a fraction 1 - m/nodes of its bytes
   across, slowing by max(1, os · that fraction), whatever the order.
 Latency: α per ring step (scale-up step latency inside a node; NIC + switch hops between nodes);
 NCCL picks a tree (2·log2 n steps) when that is faster for an all-reduce.
@@ -85,8 +85,9 @@ def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
     if op == "all-to-all":
         crossing = 1.0 - span.nodes_per_leaf / span.nodes
         return max(1.0, os * crossing)
-    run = span.nodes_per_leaf if span.contiguous else 1  # nodes a ring visits before it leaves a leaf
-    return max(1.0, os / run)
+    if not span.contiguous:  # every hop of the group's nodes crosses; a full leaf's uplinks share the load
+        return max(1.0, os * span.nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
+    return max(1.0, os / span.nodes_per_leaf)
 
 
 def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:

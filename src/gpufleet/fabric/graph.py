@@ -6,8 +6,8 @@ and the latency of the hop it enters (a switch hop; 0 into a NIC or a GPU).
 
 Builders (the `Fabric.kind` of a `Cluster` picks one):
 
-* **fat-tree**: leaves take whole nodes (`Fabric.nodes_under_leaf`); a leaf with `p` node-facing
-  ports gets ceil(p / oversubscription) uplinks. Up to `radix` leaves: two tiers, every leaf spreads
+* **fat-tree**: leaves take whole nodes (`Fabric.nodes_under_leaf`); every leaf is cabled as a full
+  one: ceil(p / oversubscription) uplinks for the p node-facing ports of a full leaf. Up to `radix` leaves: two tiers, every leaf spreads
   its uplinks round-robin over ceil(uplinks / radix) spines (parallel links where a spine has ports to
   spare, as in NVIDIA's SuperPOD). Beyond: three tiers (Al-Fares): pods of radix·s/(1+s) leaves (s = the
   spine tier's oversubscription), one aggregation switch per leaf uplink index, core groups per index.
@@ -232,7 +232,7 @@ def _leaf_ports(cluster: Cluster) -> tuple[IntArray, IntArray, int]:
             )
     leaf = np.arange(nodes * nics) // ports
     group = leaf[np.arange(nodes) * nics]
-    return leaf, group, max(1, ports // nics)
+    return leaf, group, ports
 
 
 def _add_cluster(b: _Builder, cluster: Cluster, gpu_base: int, node_base: int) -> _ClusterPart:
@@ -252,14 +252,15 @@ def _add_cluster(b: _Builder, cluster: Cluster, gpu_base: int, node_base: int) -
     link_cap = network.link_bytes_per_s * network.achievable_fraction
     hop = network.hop_latency_s
 
-    leaf_index, group_of_node, _ = _leaf_ports(cluster)
+    leaf_index, group_of_node, full_ports = _leaf_ports(cluster)
     leaves = int(leaf_index.max()) + 1
     leaf_vertices = b.add_vertices(LEAF, leaves)
     nic_leaf = leaf_vertices[leaf_index]
     edge_nic_leaf, edge_leaf_nic = b.add_both(nic_vertices, nic_leaf, port_cap, 0.0, hop, "nic-leaf", "leaf-nic")
     used = np.bincount(leaf_index, minlength=leaves)
     os = fabric.oversubscription
-    uplinks = np.maximum(1, np.ceil(used / os - 1e-9)).astype(np.int64)
+    # every leaf is cabled as a full one: ceil(ports of a full leaf / os) uplinks (a part-filled last leaf too)
+    uplinks = np.full(leaves, max(1, math.ceil(max(full_ports, int(used.max())) / os - 1e-9)), dtype=np.int64)
     too_full = used + uplinks > radix
     if leaves > 1 and too_full.any():
         raise InputError(
@@ -405,7 +406,8 @@ def _finish(b: _Builder, parts: list[_ClusterPart], description: str) -> FabricG
         capacity_bytes_per_s=cap, latency_s=lat, tier=tier, node_of_gpu=cat("node_of_gpu"),
         local_of_gpu=cat("local_of_gpu"), node_first_gpu=cat("node_first_gpu"), node_gpus=cat("node_gpus"),
         nic_of_gpu=cat("nic_of_gpu"), node_nics=node_nics, leaf_group_of_node=np.concatenate(groups),
-        endpoint_latency_s=np.concatenate([p.endpoint_latency_s for p in parts]), scale_up_latency_s=parts[0].scale_up_latency_s,
+        endpoint_latency_s=np.concatenate([p.endpoint_latency_s for p in parts]),
+        scale_up_latency_s=parts[0].scale_up_latency_s,
         edge_up=cat("edge_up"), edge_down=cat("edge_down"), mesh_edge=mesh, edge_gpu_nic=cat("edge_gpu_nic"),
         edge_nic_gpu=cat("edge_nic_gpu"), edge_nic_leaf=edge_nic_leaf, edge_leaf_nic=edge_leaf_nic,
         leaf_of_nic=leaf_of_nic, description=description,

@@ -1,0 +1,155 @@
+"""Flow-level fabric simulator: hand-derived cases, invariants, and the cross-check with the analytical model."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.sparse import csr_matrix
+
+from gpufleet.catalog.registry import load_catalog
+from gpufleet.errors import InputError
+from gpufleet.fabric.collectives import bus_factor, collective_cost
+from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph
+from gpufleet.fabric.placement import GroupSpan
+from gpufleet.fabric.simulate import max_min_rates, simulate_collective, simulate_ranks
+from gpufleet.fabric.topology import Cluster, Fabric
+
+GB = 1e9
+GIB = 2**30
+
+
+def cluster(gpus: int, network: str = "ndr400", kind: str = "fat-tree", os: float = 1.0,
+            node: str = "dgx-h100", nodes_per_leaf: int | None = None) -> Cluster:
+    catalog = load_catalog()
+    spec = catalog.node(node)
+    fabric = Fabric(catalog.network(network), kind, os, nodes_per_leaf=nodes_per_leaf)  # type: ignore[arg-type]
+    return Cluster(catalog.gpu(spec.gpu), spec, gpus, fabric)
+
+
+NDR_NIC = 400e9 / 8 * 0.96  # bytes/s per NDR port at NCCL's measured fraction
+
+
+def test_max_min_by_hand() -> None:
+    # link A (10) carries f0, f1; link B (4) carries f1, f2: B fills at 2, then f0 rises to 8.
+    incidence = csr_matrix(np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]))
+    rates, rounds = max_min_rates(incidence, np.array([10.0, 4.0]))
+    assert rates == pytest.approx([8.0, 2.0, 2.0])
+    assert rounds[0][0].tolist() == [1]
+
+
+def test_two_node_ring_one_nic_each_runs_at_nic_rate() -> None:
+    c = cluster(16)
+    result = simulate_collective("all-reduce", GIB, [0, 8], c, algorithm="ring", routing="ecmp")
+    assert result.bus_bytes_per_s == pytest.approx(NDR_NIC, rel=0.01)
+
+
+def test_oversubscribed_uplink_shared_by_k_flows() -> None:
+    # one node per leaf, 8:1 -> one uplink per leaf; 8 GPU pairs cross it: each gets 1/8 of a port
+    c = cluster(16, os=8.0, nodes_per_leaf=1)
+    graph = build_graph(c)
+    assert graph.count(LEAF) == 2
+    result = simulate_collective("send-recv", GIB, list(range(8)) + list(range(8, 16)), c)
+    assert result.bus_bytes_per_s == pytest.approx(NDR_NIC / 8, rel=0.01)
+
+
+@pytest.mark.parametrize(("os", "expected"), [(1.0, 15 / 8 * NDR_NIC), (8.0, 15 / 64 * NDR_NIC)])
+def test_all_to_all_across_a_leaf_boundary(os: float, expected: float) -> None:
+    # 16 ranks on 2 nodes under 2 leaves: each GPU sends half its buffer over one NIC -> busbw 15/8 NIC;
+    # with one uplink per leaf the 8 NICs' remote halves share one port -> 8x less
+    c = cluster(16, os=os, nodes_per_leaf=1)
+    result = simulate_collective("all-to-all", GIB, 16, c)
+    assert result.bus_bytes_per_s == pytest.approx(expected, rel=0.05)
+
+
+def test_superpod_switch_counts() -> None:
+    # NVIDIA DGX SuperPOD H100 RA tables 3-4 (hardware_facts: dgx_superpod.h100_ra)
+    for gpus, leaf, spine, core in [(248, 8, 4, 0), (512, 16, 8, 0), (1024, 32, 16, 0), (4096, 128, 128, 64),
+                                    (16384, 512, 512, 256)]:
+        graph = build_graph(cluster(gpus, kind="rail-optimized"))
+        assert (graph.count(LEAF), graph.count(SPINE), graph.count(CORE)) == (leaf, spine, core)
+
+
+def test_adding_capacity_never_slows_a_collective() -> None:
+    c = cluster(256, network="roce200", os=4.0)
+    graph = build_graph(c)
+    base = simulate_ranks(graph, "all-reduce", GIB, np.arange(256), routing="ecmp")
+    for factor in (1.5, 4.0):
+        richer = graph.with_capacity(graph.capacity_bytes_per_s * factor)
+        assert simulate_ranks(richer, "all-reduce", GIB, np.arange(256), routing="ecmp").time_s <= base.time_s
+
+
+@pytest.mark.parametrize("gpus", [32, 256])
+def test_one_to_one_fat_tree_never_beats_nic_line_rate(gpus: int) -> None:
+    c = cluster(gpus)
+    line = 8 * 400e9 / 8  # eight 400 Gb/s NICs per node feed the ring
+    for op in ("all-reduce", "all-gather", "reduce-scatter"):
+        assert simulate_collective(op, GIB, gpus, c).bus_bytes_per_s <= line  # type: ignore[arg-type]
+
+
+def test_ecmp_is_seeded_and_deterministic() -> None:
+    c = cluster(1024, network="roce400")
+    first = simulate_collective("all-reduce", GIB, 1024, c, algorithm="ring", routing="ecmp", seed=3)
+    again = simulate_collective("all-reduce", GIB, 1024, c, algorithm="ring", routing="ecmp", seed=3)
+    spray = simulate_collective("all-reduce", GIB, 1024, c, algorithm="ring", routing="spray")
+    assert first.time_s == again.time_s
+    assert spray.time_s <= first.time_s
+
+
+def test_wan_pipeline_link_is_the_bottleneck() -> None:
+    from gpufleet.fabric.graph import join_clusters
+
+    a = cluster(64)
+    graph = join_clusters(a, a, wan_gbps=200, wan_latency_s=5e-3)
+    result = simulate_ranks(graph, "send-recv", 2**26, np.array([0, 64]))
+    assert result.time_s == pytest.approx(2**26 / 25e9 + 5e-3, rel=0.02)
+
+
+@pytest.mark.parametrize("bad", [dict(gpus=16384, kind="leaf-spine"), dict(gpus=16, os=1.0, nodes_per_leaf=64)])
+def test_bad_topology_parameters(bad: dict[str, object]) -> None:
+    with pytest.raises(InputError):
+        build_graph(cluster(**bad))  # type: ignore[arg-type]
+
+
+def _span(c: Cluster, size: int, per_node: int, placement: str) -> GroupSpan:
+    nodes = size // per_node
+    leaf_nodes = c.fabric.nodes_under_leaf(c.node)
+    if nodes == 1:
+        return GroupSpan(size, per_node, 1, 1, 1)
+    if placement == "scatter":
+        total = max(1, math.ceil(c.num_nodes / leaf_nodes))
+        leaves = min(nodes, total)
+        per_leaf = max(1, math.ceil(nodes / total)) if leaves < nodes else 1
+        return GroupSpan(size, per_node, nodes, per_leaf, leaves, contiguous=leaves <= 1)
+    per_leaf = max(1, min(nodes, leaf_nodes))
+    return GroupSpan(size, per_node, nodes, per_leaf, math.ceil(nodes / per_leaf))
+
+
+GRID_1_1 = list(itertools.product(
+    ["ndr400", "roce200"], ["fat-tree", "rail-optimized", "leaf-spine"], [32, 256], [2**28, GIB],
+    ["block", "scatter"], ["all-reduce", "all-gather", "all-to-all"], [8, 1]))
+GRID_OS = list(itertools.product(
+    ["ndr400", "roce200"], ["fat-tree"], [2.0, 4.0], [256], [GIB], ["block"], ["all-gather", "all-to-all"], [8, 1]))
+
+
+def _cross_check(net: str, kind: str, os: float, gpus: int, size: int, placement: str, op: str,
+                 per_node: int) -> float:
+    c = cluster(gpus, network=net, kind=kind, os=os)
+    n = gpus if per_node == 8 else gpus // 8
+    span = _span(c, n, per_node, placement)
+    analytical = collective_cost(op, size, span, c)  # type: ignore[arg-type]
+    analytical_bus = size * bus_factor(op, n) / analytical.time_s  # type: ignore[arg-type]
+    sim = simulate_collective(op, size, span, c, placement=placement, routing="spray")  # type: ignore[arg-type]
+    return sim.bus_bytes_per_s / analytical_bus - 1
+
+
+def test_sim_agrees_with_analytical_without_oversubscription() -> None:
+    errors = [abs(_cross_check(net, kind, 1.0, g, s, p, op, k)) for net, kind, g, s, p, op, k in GRID_1_1]
+    assert max(errors) <= 0.10
+
+
+def test_sim_agrees_with_analytical_with_oversubscription() -> None:
+    errors = [abs(_cross_check(*case)) for case in GRID_OS]
+    assert max(errors) <= 0.15
