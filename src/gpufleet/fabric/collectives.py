@@ -14,8 +14,8 @@ group gets is the bottleneck of the links its ring really crosses:
   os/m times their share: it slows down by max(1, os/m). When consecutive ranks' nodes sit under
   different leaves (scatter placement, `GroupSpan.contiguous` False) every inter-node ring hop crosses,
   and the m nodes' traffic shares the uplinks of a full leaf of L nodes: max(1, os·m/L) (the
-  flow-level simulator showed the old os/m was optimistic by up to os×). Uniform traffic (all-to-all) sends a fraction 1 - m/nodes of its bytes
-  across, slowing by max(1, os · that fraction), whatever the order.
+  flow-level simulator showed the old os/m was optimistic by up to os×). Uniform traffic (all-to-all)
+  sends a fraction 1 - m/nodes of its bytes across, slowing by max(1, os · that fraction), in any order.
 Latency: α per ring step (scale-up step latency inside a node; NIC + switch hops between nodes);
 NCCL picks a tree (2·log2 n steps) when that is faster for an all-reduce.
 """

@@ -7,8 +7,9 @@ and the latency of the hop it enters (a switch hop; 0 into a NIC or a GPU).
 Builders (the `Fabric.kind` of a `Cluster` picks one):
 
 * **fat-tree**: leaves take whole nodes (`Fabric.nodes_under_leaf`); every leaf is cabled as a full
-  one: ceil(p / oversubscription) uplinks for the p node-facing ports of a full leaf. Up to `radix` leaves: two tiers, every leaf spreads
-  its uplinks round-robin over ceil(uplinks / radix) spines (parallel links where a spine has ports to
+  one: ceil(p / oversubscription) uplinks for the p node-facing ports of a full leaf. Up to `radix`
+  leaves: two tiers, every leaf spreads its uplinks round-robin
+  over ceil(uplinks / radix) spines (parallel links where a spine has ports to
   spare, as in NVIDIA's SuperPOD). Beyond: three tiers (Al-Fares): pods of radix·s/(1+s) leaves (s = the
   spine tier's oversubscription), one aggregation switch per leaf uplink index, core groups per index.
 * **leaf-spine**: the same two tiers; more leaves than the radix is an error.

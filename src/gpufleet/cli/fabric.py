@@ -1,0 +1,198 @@
+"""`gpufleet fabric build|simulate`: a topology's summary and bill of materials; a simulated collective."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, cast
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.output import Output
+from gpufleet.errors import InputError
+from gpufleet.fabric.bom import bill_of_materials
+from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
+from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph
+from gpufleet.fabric.placement import GroupSpan, Placement
+from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
+from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, simulate_collective
+from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
+from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
+
+
+def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise InputError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network: str, node: str | None,
+             gpu: str, oversubscription: str) -> Cluster:
+    catalog = open_catalog(catalog_paths)
+    node_spec = catalog.node(node) if node else catalog.node_for_gpu(gpu)
+    fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "topology")),
+                    parse_ratio(oversubscription))
+    return Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)
+
+
+def block_span(cluster: Cluster, placement: Placement) -> GroupSpan:
+    """The span of a group of every GPU of `cluster`, as placement.group_span would give it."""
+    per_node = cluster.gpus_per_node
+    nodes = cluster.num_nodes
+    leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
+    if nodes == 1:
+        return GroupSpan(cluster.gpus, per_node, 1, 1, 1)
+    leaves = math.ceil(nodes / leaf_nodes)
+    if placement == "scatter":
+        return GroupSpan(cluster.gpus, per_node, nodes, math.ceil(nodes / leaves), leaves, contiguous=leaves <= 1)
+    return GroupSpan(cluster.gpus, per_node, nodes, min(nodes, leaf_nodes), leaves)
+
+
+def _simulate_one(op: Op, size: float, cluster: Cluster, placement: Placement, algorithm: Algorithm,
+                  routing: RoutingMode | None, seed: int) -> dict[str, Any]:
+    span = block_span(cluster, placement)
+    result = simulate_collective(op, size, span, cluster, placement=placement, algorithm=algorithm,
+                                 routing=routing, seed=seed)
+    analytical = collective_cost(op, size, span, cluster)
+    factor = bus_factor(op, cluster.gpus)
+    analytical_bus = size * factor / analytical.time_s if analytical.time_s > 0 else math.inf
+    return {
+        "collective": op, "size_bytes": size, "gpus": cluster.gpus, "topology": cluster.fabric.kind,
+        "network": cluster.fabric.network.id, "oversubscription": cluster.fabric.oversubscription,
+        "placement": placement, "algorithm": result.algorithm, "routing": result.routing,
+        "time_s": result.time_s, "algbw_gbps": result.algbw_bytes_per_s / 1e9,
+        "busbw_gbps": result.bus_bytes_per_s / 1e9, "analytical_time_s": analytical.time_s,
+        "analytical_busbw_gbps": analytical_bus / 1e9, "analytical_link": analytical.link,
+        "bottlenecks": [{"tier": b.tier, "links": b.links, "example": b.example,
+                         "fair_share_gbps": b.fair_share_bytes_per_s / 1e9} for b in result.bottlenecks],
+    }
+
+
+def _plot(path: Path, rows: list[dict[str, Any]], x_key: str) -> None:
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        label = f"{row['topology']} {row['network']} {row['oversubscription']:g}:1"
+        series.setdefault(label, []).append((row[x_key], row["busbw_gbps"]))
+    if path.suffix.lower() == ".html":
+        lines = ["<html><body><h1>Bus bandwidth (GB/s)</h1><table border=1><tr><th>series</th><th>"
+                 f"{x_key}</th><th>busbw GB/s</th></tr>"]
+        lines += [f"<tr><td>{label}</td><td>{x:g}</td><td>{y:.1f}</td></tr>" for label, pts in series.items()
+                  for x, y in pts]
+        path.write_text("\n".join([*lines, "</table></body></html>"]))
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise InputError("--plot FILE.png needs matplotlib: pip install 'gpufleet[plot]' (or use FILE.html)") from error
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label, points in series.items():
+        xs, ys = zip(*sorted(points), strict=True)
+        axis.plot(xs, ys, marker="o", label=label)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("message bytes" if x_key == "size_bytes" else "GPUs")
+    axis.set_ylabel("bus bandwidth, GB/s")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def register(app: typer.Typer) -> None:
+    fabric_app = typer.Typer(help="Build a network topology (summary, bill of materials) or simulate a collective.",
+                             no_args_is_help=True)
+    app.add_typer(fabric_app, name="fabric")
+
+    @fabric_app.command("build")
+    def build(
+        topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
+        gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs in the cluster."),
+        network: str = typer.Option("ndr400", "--network", help="Network id (`gpufleet catalog list networks`)."),
+        gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU id; its default node is used."),
+        node: str | None = typer.Option(None, "--node", help="Node id (overrides --gpu's default node)."),
+        oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 2:1."),
+        catalog: list[Path] = CatalogOption,
+        json_mode: bool = JsonOption,
+    ) -> None:
+        """Summary and bill of materials of a topology."""
+        cluster = _cluster(catalog, gpus, topology, network, node, gpu, oversubscription)
+        graph = build_graph(cluster)
+        bom = bill_of_materials(graph, cluster)
+        data = {
+            "description": graph.description, "gpus": cluster.gpus, "nodes": cluster.num_nodes,
+            "leaf_switches": graph.count(LEAF), "spine_switches": graph.count(SPINE),
+            "core_switches": graph.count(CORE), "switches": bom.switches,
+            "tiers": [{"tier": t.tier, "switches": t.switches, "ports_used": t.ports_used,
+                       "ports_free": t.ports_free} for t in bom.tiers],
+            "copper_cables": bom.copper_cables, "optical_cables": bom.optical_cables,
+            "transceivers": bom.transceivers, "switch_power_w": bom.switch_power_w,
+            "optics_power_w": bom.optics_power_w, "fabric_power_w": bom.fabric_power_w,
+        }
+
+        def render(console: Console) -> None:
+            console.print(graph.description)
+            table = Table("tier", "switches", "ports used", "ports free")
+            for t in bom.tiers:
+                table.add_row(t.tier, str(t.switches), str(t.ports_used), str(t.ports_free))
+            console.print(table)
+            console.print(f"cables: {bom.copper_cables} copper, {bom.optical_cables} optical "
+                          f"({bom.transceivers} transceivers, {bom.optics_power_w / 1e3:.1f} kW)")
+            power = "unknown (no switch power in the catalog)" if bom.switch_power_w is None \
+                else f"{bom.switch_power_w / 1e3:.1f} kW"
+            console.print(f"switch power: {power}")
+
+        Output(json_mode).emit(data, render)
+
+    @fabric_app.command("simulate")
+    def simulate(
+        collective: str = typer.Option("all-reduce", "--collective", help=f"One of {', '.join(OPS)}."),
+        size: str = typer.Option("1GiB", "--size", help="Buffer per rank, e.g. 1GiB, or a list 1MiB,1GiB."),
+        gpus: str = typer.Option(..., "--gpus", help="GPUs in the group (= cluster), or a list 128,256."),
+        topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
+        network: str = typer.Option("ndr400", "--network", help="Network id, or a list ndr400,roce200."),
+        gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU id; its default node is used."),
+        node: str | None = typer.Option(None, "--node", help="Node id (overrides --gpu's default node)."),
+        oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 4:1."),
+        placement: str = typer.Option("block", "--placement", help="block or scatter."),
+        algorithm: str = typer.Option("auto", "--algorithm", help=f"One of {', '.join(ALGORITHMS)}."),
+        routing: str | None = typer.Option(None, "--routing", help="ecmp or spray [default: spray on IB]."),
+        seed: int = typer.Option(0, "--seed", help="ECMP hash seed."),
+        plot: Path | None = typer.Option(None, "--plot", help="Write busbw vs size (or GPUs) to FILE.png/.html."),
+        catalog: list[Path] = CatalogOption,
+        json_mode: bool = JsonOption,
+    ) -> None:
+        """Simulate one collective (flow level) and compare with the analytical model."""
+        op = cast(Op, _choice(collective, OPS, "collective"))
+        place = cast(Placement, _choice(placement, ("block", "scatter"), "placement"))
+        algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "algorithm"))
+        mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "routing")) if routing else None
+        sizes = [parse_bytes(s) for s in size.split(",")]
+        counts = parse_int_list(gpus, "GPU count")
+        networks = [n.strip() for n in network.split(",")]
+        topologies = [t.strip() for t in topology.split(",")]
+        rows = []
+        for net in networks:
+            for topo in topologies:
+                for count in counts:
+                    cluster = _cluster(catalog, count, topo, net, node, gpu, oversubscription)
+                    rows += [_simulate_one(op, s, cluster, place, algo, mode, seed) for s in sizes]
+        if plot is not None:
+            _plot(plot, rows, "size_bytes" if len(sizes) > 1 else "gpus")
+        data: dict[str, Any] = rows[0] if len(rows) == 1 else {"results": rows}
+
+        def render(console: Console) -> None:
+            table = Table("GPUs", "network", "topology", "size", "algorithm", "time ms", "algbw GB/s",
+                          "busbw GB/s", "analytical busbw", "bottleneck")
+            for row in rows:
+                neck = ", ".join(f"{b['tier']} ×{b['links']}" for b in row["bottlenecks"])
+                table.add_row(str(row["gpus"]), row["network"], f"{row['topology']} {row['oversubscription']:g}:1",
+                              f"{row['size_bytes'] / 2**20:g} MiB", row["algorithm"], f"{row['time_s'] * 1e3:.2f}",
+                              f"{row['algbw_gbps']:.1f}", f"{row['busbw_gbps']:.1f}",
+                              f"{row['analytical_busbw_gbps']:.1f}", neck)
+            console.print(table)
+
+        Output(json_mode).emit(data, render)
