@@ -184,7 +184,7 @@ class _ClusterPart:
 def _add_scale_up(b: _Builder, cluster: Cluster, gpu_base: int) -> tuple[IntArray, IntArray, IntArray]:
     """NVSwitch/PCIe domains or meshes inside each node; returns edge_up, edge_down, mesh_edge."""
     gpn, nodes = cluster.gpus_per_node, cluster.num_nodes
-    scale_up = cluster.gpu.scale_up
+    scale_up = cluster.scale_up
     gpus = np.arange(gpu_base, gpu_base + gpn * nodes, dtype=np.int64)
     line = scale_up.bytes_per_s_per_direction * scale_up.achievable_fraction
     edge_up = np.full(len(gpus), -1, dtype=np.int64)
