@@ -89,3 +89,11 @@ def test_validate_json_shape() -> None:
             expected = run["predicted_tokens_per_s_per_gpu"] / run["target_tokens_per_s_per_gpu"] - 1
             assert abs(run["error"] - expected) < 1e-9
     assert {"all", "high", "medium", "low"} <= set(data["summary"])
+
+
+def test_fabric_model_sim_retimes_collectives_with_the_simulator() -> None:
+    done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--fabric-model", "sim", "--top", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    plans = json.loads(done.stdout)["plans"]
+    links = [part["link"] for plan in plans for part in plan["parts"].values() if part["link"]]
+    assert links and all(link.startswith("simulated") for link in links)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import typer
 from rich.console import Console
@@ -154,6 +154,9 @@ def register(app: typer.Typer) -> None:
         deadline: str = typer.Option(None, "--deadline",
                                      help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
         budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
+        fabric_model: str = typer.Option("analytical", "--fabric-model",
+                                         help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
+                                         "with the flow-level simulator on the topology graph."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -175,6 +178,8 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--precision must be bf16, fp16, fp8 or fp4, got {precision!r}")
         if seq < 1 or (global_batch is not None and global_batch < 1):
             raise InputError("--seq and --global-batch must be positive")
+        if fabric_model not in ("analytical", "sim"):
+            raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
         if top < 1:
@@ -187,7 +192,8 @@ def register(app: typer.Typer) -> None:
                            network=fabric, topology=cast(TopologyKind, topology),
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
                            global_batch=global_batch, precision=cast(Precision, precision),
-                           top=top, rank_by=cast(RankBy, rank_by))
+                           top=top, rank_by=cast(RankBy, rank_by),
+                           fabric_model=cast(Literal["analytical", "sim"], fabric_model))
         if len(counts) == 1 and deadline_s is None:
             result = make_plan(base, cat)
             _emit_single(out, result, explain, budget, top)

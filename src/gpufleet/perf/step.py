@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
-from gpufleet.fabric.placement import GroupKind, Placement, group_span
+from gpufleet.fabric.placement import GroupKind, GroupSpan, Placement, group_span
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_split
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
@@ -38,6 +40,7 @@ class StepOptions:
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
     ep_imbalance: float = 1.2  # slowest expert rank / mean under top-k routing (judgement)
     step_overhead_s: float = 0.005  # data loading, logging, launch gaps per step (judgement)
+    fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,21 @@ def stage_parameters(job: Job, layout: Layout, stage: int) -> _StageParams:
 
 def _cost(op: Op, nbytes: float, kind: GroupKind, layout: Layout, cluster: Cluster,
           options: StepOptions) -> CollectiveCost:
-    return collective_cost(op, nbytes, group_span(layout, kind, cluster, options.placement), cluster)
+    span = group_span(layout, kind, cluster, options.placement)
+    if options.fabric_model == "sim" and span.size > 1 and nbytes > 0:
+        return _simulated_cost(op, nbytes, span, cluster, options.placement)
+    return collective_cost(op, nbytes, span, cluster)
+
+
+@lru_cache(maxsize=1024)
+def _simulated_cost(op: Op, nbytes: float, span: GroupSpan, cluster: Cluster, placement: Placement) -> CollectiveCost:
+    """The flow-level simulator's time for this collective on this cluster's topology graph."""
+    from gpufleet.fabric.simulate import simulate_collective
+
+    result = simulate_collective(op, nbytes, span, cluster, placement=placement)
+    where = ", ".join(f"{b.tier} ({b.links} links saturated)" for b in result.bottlenecks[:1]) or "no bottleneck"
+    return CollectiveCost(op, nbytes, span.size, result.time_s, result.bus_bytes_per_s,
+                          f"simulated {result.algorithm}: {where} ({result.bus_bytes_per_s / 1e9:.0f} GB/s bus)")
 
 
 def _chunked_s(op: Op, nbytes: float, chunks: int, kind: GroupKind, layout: Layout, cluster: Cluster,

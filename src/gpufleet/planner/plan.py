@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
@@ -18,7 +18,7 @@ from gpufleet.economics.run import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError
 from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
-from gpufleet.perf.step import StepOptions, run_time_s
+from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, search
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params
@@ -46,6 +46,7 @@ class PlanRequest:
     precision: Precision = "bf16"
     top: int = 5
     rank_by: RankBy = "time"
+    fabric_model: Literal["analytical", "sim"] = "analytical"  # sim re-ranks the top plans by simulation
     options: StepOptions = field(default_factory=StepOptions)
 
 
@@ -124,6 +125,12 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
     ranked: list[Plan] = []
     pool = found.feasible[: max(request.top * 4, 20)]
+    if request.fabric_model == "sim":
+        # The flow-level simulator re-times every collective of the analytically best plans.
+        sim_options = replace(request.options, fabric_model="sim")
+        pool = sorted((Candidate(c.layout, c.peak_stage, c.memory,
+                                 estimate_step(job, c.layout, cluster, calibration, sim_options))
+                       for c in pool[: max(request.top * 2, 8)]), key=lambda c: c.step.step_s)
     for candidate in pool:
         train_s = run_time_s(job, candidate.step)
         try:
