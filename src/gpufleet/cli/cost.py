@@ -15,10 +15,31 @@ from gpufleet.cli.output import Output
 from gpufleet.errors import CatalogError, InputError
 
 
+def plan_gpu_hours(path: Path) -> tuple[float, str, int]:
+    """(GPU-hours, GPU id, GPUs) of the best plan in a `gpufleet plan --json` file."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        cluster = data["cluster"]
+        best = data["plans"][0]
+        gpus = int(cluster["gpus"])
+        return gpus * float(best["time_to_train_s"]) / 3600.0, str(cluster["gpu"]), gpus
+    except OSError as error:
+        raise InputError(f"cannot read plan file {path}: {error.strerror}") from error
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise InputError(f"{path} is not a `gpufleet plan --json` output (needs cluster.gpus, cluster.gpu and "
+                         f"plans[0].time_to_train_s)") from error
+
+
 def register(app: typer.Typer) -> None:
     @app.command("cost")
     def cost(
-        gpu_hours: str = typer.Option(..., "--gpu-hours", help="GPU-hours to price (e.g. 2.5M)."),
+        gpu_hours: str = typer.Option(None, "--gpu-hours", help="GPU-hours to price (e.g. 2.5M)."),
+        plan_file: Path = typer.Option(
+            None, "--plan", help="A `gpufleet plan --json` output file: prices its best plan's GPU-hours "
+            "(GPUs x time-to-train) on its GPU and cluster size."
+        ),
         gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU id (see `gpufleet catalog list gpus`)."),
         node: str = typer.Option(None, "--node", help="Node id for on-prem (default: the GPU's node)."),
         gpus: int = typer.Option(512, "--gpus", help="Size of the owned cluster for on-prem TCO."),
@@ -48,7 +69,12 @@ def register(app: typer.Typer) -> None:
         from gpufleet.units import parse_count
 
         cat = open_catalog(catalog)
-        hours = parse_count(gpu_hours, "--gpu-hours")
+        if (gpu_hours is None) == (plan_file is None):
+            raise InputError("give exactly one of --gpu-hours H or --plan PLAN.json")
+        if plan_file is not None:
+            hours, gpu, gpus = plan_gpu_hours(plan_file)
+        else:
+            hours = parse_count(gpu_hours, "--gpu-hours")
         if utilization is not None and not 0 < utilization <= 1:
             raise InputError(f"--utilization must be in (0, 1], got {utilization:g}")
         if gpus < 1:
