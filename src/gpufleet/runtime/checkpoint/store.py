@@ -132,8 +132,11 @@ def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
                 throttle.account(len(block))
         except BaseException:
             discard = getattr(sink, "discard", None)
-            if callable(discard):
-                discard()
+            with contextlib.suppress(Exception):
+                if callable(discard):
+                    discard()  # abort the multipart upload rather than commit a truncated object
+            with contextlib.suppress(Exception):
+                sink.closed = True  # never let a later garbage collection close (and commit) it
             raise
         sink.close()
     dst_fs.invalidate_cache(dst)
