@@ -152,9 +152,32 @@ def run_model(run: PublishedRun) -> ModelSpec:
     )
 
 
-def run_job(run: PublishedRun, global_batch: int) -> Job:
+def _same_shape(spec: ModelSpec, run: RunModel) -> bool:
+    moe = spec.moe
+    run_moe = run.moe
+    if (moe is None) != (run_moe is None):
+        return False
+    if moe is not None and run_moe is not None and (moe.experts, moe.top_k, moe.expert_ffn_hidden) != (
+            run_moe.experts, run_moe.top_k, run_moe.expert_ffn_hidden):
+        return False
+    return (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.vocab, spec.gated_mlp) == (
+        run.layers, run.hidden, run.heads, run.kv_heads, run.vocab, run.gated_mlp) and (
+        spec.ffn_hidden == run.ffn_hidden or run.ffn_hidden is None)
+
+
+def resolve_run_model(run: PublishedRun, catalog: Catalog | None) -> ModelSpec:
+    """The catalog's model of the same shape when there is one (it knows what the run schema cannot say:
+    head_dim, qk-norm, biases, MLA), else the run's own description."""
+    if catalog is not None:
+        for record in catalog.records("models").values():
+            if isinstance(record, ModelSpec) and _same_shape(record, run.model):
+                return record
+    return run_model(run)
+
+
+def run_job(run: PublishedRun, global_batch: int, catalog: Catalog | None = None) -> Job:
     precision = run.precision or "bf16"
-    return Job(model=run_model(run), tokens=1e12, seq_len=run.seq_len, global_batch=global_batch,
+    return Job(model=resolve_run_model(run, catalog), tokens=1e12, seq_len=run.seq_len, global_batch=global_batch,
                precision=precision)
 
 

@@ -9,10 +9,12 @@ from typing import Any
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import GpufleetError
+from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
-from gpufleet.perf.step import StepEstimate, StepOptions
+from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.runs import PublishedRun, run_cluster, run_job
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
+from gpufleet.workload.job import Job
 
 _FILLABLE = ("cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
 
@@ -69,7 +71,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         return result
     try:
         cluster = run_cluster(run, catalog, node_id)
-        job = run_job(run, run.global_batch)
+        job = run_job(run, run.global_batch, catalog)
         calibration = calibration_for(catalog, cluster.gpu.id)
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
@@ -77,32 +79,40 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                 else None
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
         if not result.filled:
-            layout = Layout(**{k: v for k, v in fixed.items()})
+            layout = Layout(**dict(fixed.items()))
             outcome = evaluate(job, layout, cluster, calibration, options)
-            if not isinstance(outcome, Candidate):
+            if isinstance(outcome, Candidate):
+                candidate = outcome
+            else:
                 reason, over = outcome
-                # A published run did fit: report the prediction anyway, and say the memory model disagrees.
-                if reason == "memory":
-                    from gpufleet.perf.step import estimate_step
-
-                    step = estimate_step(job, layout, cluster, calibration, options)
-                    result.reason = f"memory model says {over / 2**30:.1f} GiB over HBM"
-                    result.layout, result.step = layout, step
-                    result.predicted_tokens_per_s_per_gpu = step.tokens_per_s_per_gpu
+                if reason != "memory":
+                    result.status, result.reason = "skipped", reason
                     return result
-                result.status, result.reason = "skipped", reason
-                return result
-            candidate = outcome
+                return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)
         else:
             found = search(job, cluster, calibration, space=SearchSpace(max_tp=64), fixed=fixed, options=options)
             if found.best is None:
-                result.status, result.reason = "skipped", f"no layout fits ({dict(found.infeasible)})"
-                return result
+                if not found.closest_misses:
+                    result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})"
+                    return result
+                layout, over = found.closest_misses[0]
+                return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)
             candidate = found.best
         result.layout, result.step = candidate.layout, candidate.step
         result.predicted_tokens_per_s_per_gpu = candidate.step.tokens_per_s_per_gpu
     except GpufleetError as error:
         result.status, result.reason = "skipped", str(error)
+    return result
+
+
+def _predict_despite_memory(result: RunPrediction, job: Job, layout: Layout, cluster: Cluster,
+                            calibration: CalibrationProfile, options: StepOptions | None,
+                            over_bytes: float) -> RunPrediction:
+    """A published run did fit: predict it anyway and say that the memory model disagrees."""
+    step = estimate_step(job, layout, cluster, calibration, options)
+    result.reason = f"memory model says {over_bytes / 2**30:.1f} GiB over HBM"
+    result.layout, result.step = layout, step
+    result.predicted_tokens_per_s_per_gpu = step.tokens_per_s_per_gpu
     return result
 
 
