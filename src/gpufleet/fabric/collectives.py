@@ -90,6 +90,23 @@ def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
     return max(1.0, os / span.nodes_per_leaf)
 
 
+#: How much of a double binary tree's time grows with the spine's oversubscription under block
+#: placement: its lower levels pair neighbouring nodes (same leaf), its upper levels span leaves.
+#: slowdown = 1 + (os - 1) · share · (1 - nodes per leaf / nodes). The share is taken from the flow
+#: simulator (256 H100 on NDR400: tree busbw 373 / 268 / 189 GB/s at 1:1 / 2:1 / 4:1), a second
+#: method, not a measured run; tests/test_fabric_sim.py cross-checks the two.
+TREE_CROSS_LEAF_SHARE = 0.4
+
+
+def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
+    if span.leaves <= 1:
+        return 1.0
+    crossing = TREE_CROSS_LEAF_SHARE * (1.0 - span.nodes_per_leaf / span.nodes)
+    if not span.contiguous:
+        crossing = 1.0 - 1.0 / span.leaves
+    return 1.0 + (cluster.fabric.oversubscription - 1.0) * crossing
+
+
 def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
     """Time for one `op` over `message_bytes` (the full buffer per rank) on group `span`."""
     n = span.size
@@ -97,6 +114,7 @@ def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Clus
         return CollectiveCost(op, message_bytes, n, 0.0, math.inf, "none (group of one)")
     scale_up_bw = scale_up_bus_bytes_per_s(cluster, span.per_node if not span.intra_node else n, op)
     network = cluster.fabric.network
+    network_bw = slowdown = 1.0
     if span.intra_node:
         bus_bw = scale_up_bw
         alpha = SCALE_UP_STEP_LATENCY_S
@@ -120,10 +138,21 @@ def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Clus
         link = f"{where} ({bus_bw / 1e9:.0f} GB/s bus)"
     bandwidth_s = message_bytes * bus_factor(op, n) / bus_bw
     if op == "all-reduce":
-        ring_latency = 2 * (n - 1) * alpha
-        tree_latency = 2 * math.ceil(math.log2(n)) * alpha
-        latency = min(ring_latency, tree_latency)
-    elif op in ("all-gather", "reduce-scatter", "all-to-all"):
+        ring_s = bandwidth_s + 2 * (n - 1) * alpha
+        if span.intra_node:
+            return CollectiveCost(op, message_bytes, n, ring_s, bus_bw, link)
+        # NCCL's double binary tree: 2·log2(n) latency steps, but its edges between upper tree levels
+        # leave the leaf: with oversubscription it pays more of the spine than a block-placed ring.
+        tree_slowdown = _tree_cross_leaf_slowdown(cluster, span)
+        tree_bus_bw = network_bw * slowdown / tree_slowdown
+        if span.per_node > 1:
+            tree_bus_bw = min(tree_bus_bw, scale_up_bw)
+        tree_s = message_bytes * bus_factor(op, n) / tree_bus_bw + 2 * math.ceil(math.log2(n)) * alpha
+        if tree_s < ring_s:
+            return CollectiveCost(op, message_bytes, n, tree_s, tree_bus_bw,
+                                  f"{link}, tree" + (f" (spine ÷{tree_slowdown:.2g})" if tree_slowdown > 1 else ""))
+        return CollectiveCost(op, message_bytes, n, ring_s, bus_bw, f"{link}, ring")
+    if op in ("all-gather", "reduce-scatter", "all-to-all"):
         latency = (n - 1) * alpha
     elif op == "broadcast":
         latency = math.ceil(math.log2(n)) * alpha

@@ -78,8 +78,11 @@ def group_span(layout: Layout, kind: GroupKind, cluster: Cluster, placement: Pla
         return GroupSpan(size, per_node, 1, 1, 1)
     if placement == "scatter":
         # A topology-blind scheduler: consecutive ranks of the ring sit under different leaves.
+        # The group's nodes still share leaves (as many per leaf as the cluster forces), but no two
+        # ring neighbours do: `contiguous=False` tells the cost model every hop crosses the spine.
         total_leaves = max(1, math.ceil(cluster.num_nodes / leaf_nodes))
-        return GroupSpan(size, per_node, nodes, 1, min(nodes, max(total_leaves, 2)))
+        leaves = min(nodes, max(total_leaves, 2))
+        return GroupSpan(size, per_node, nodes, min(leaf_nodes, math.ceil(nodes / leaves)), leaves, contiguous=False)
     group_nodes_per_leaf = max(1, min(nodes, leaf_nodes // node_stride))
     leaves = math.ceil(nodes / group_nodes_per_leaf)
     return GroupSpan(size, per_node, nodes, group_nodes_per_leaf, leaves)
