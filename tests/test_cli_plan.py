@@ -46,8 +46,10 @@ def test_sweep_and_deadline() -> None:
     counts = [row["gpus"] for row in data["sweep"]]
     assert counts == [16, 64, 256]
     chosen = data["smallest_meeting_deadline"]
-    meeting = [row["gpus"] for row in data["sweep"] if row["fits"] and row["time_to_train_s"] <= 30 * 86400]
-    assert chosen == min(meeting)
+    meeting = [row for row in data["sweep"] if row["fits"] and row["time_to_train_s"] <= 30 * 86400]
+    assert chosen == min(row["gpus"] for row in meeting)
+    cheapest = min(meeting, key=lambda row: min(offer["usd"] for offer in row["cost"]["offers"]))
+    assert data["cheapest_meeting_deadline"]["gpus"] == cheapest["gpus"]
 
 
 def test_job_that_fits_nowhere_says_why() -> None:

@@ -248,6 +248,12 @@ def register(app: typer.Typer) -> None:
         if deadline_s is not None:
             data["deadline_s"] = deadline_s
             data["smallest_meeting_deadline"] = chosen["gpus"] if chosen else None
+            meeting = [row for row in rows if row["fits"] and row["time_to_train_s"] <= deadline_s
+                       and row.get("cost", {}).get("offers")]
+            cheapest = min(meeting, key=lambda row: row["cost"]["offers"][0]["usd"], default=None)
+            data["cheapest_meeting_deadline"] = (
+                {"gpus": cheapest["gpus"], "offer": cheapest["cost"]["offers"][0]["name"],
+                 "usd": cheapest["cost"]["offers"][0]["usd"]} if cheapest else None)
 
         def render(console: Console) -> None:
             table = Table(title="scaling sweep (best plan per GPU count)", title_justify="left")
@@ -265,6 +271,10 @@ def register(app: typer.Typer) -> None:
                 if chosen:
                     console.print(f"smallest cluster meeting {_days(deadline_s)}: [bold]{chosen['gpus']} GPUs[/bold]"
                                   f" ({_days(chosen['time_to_train_s'])})")
+                cheap = data.get("cheapest_meeting_deadline")
+                if cheap:
+                    console.print(f"cheapest plan meeting it: [bold]{cheap['gpus']} GPUs[/bold] on {cheap['offer']}, "
+                                  f"${cheap['usd']:,.0f}")
                 else:
                     console.print(f"[red]no GPU count in the sweep meets {_days(deadline_s)}[/red]")
 
