@@ -99,3 +99,13 @@ def test_fabric_model_sim_retimes_collectives_with_the_simulator() -> None:
     plans = json.loads(done.stdout)["plans"]
     links = [part["link"] for plan in plans for part in plan["parts"].values() if part["link"]]
     assert links and all(link.startswith("simulated") for link in links)
+
+
+def test_sweep_plot(tmp_path: object) -> None:
+    from pathlib import Path
+
+    target = Path(str(tmp_path)) / "sweep.html"
+    done = gpufleet("plan", "-n", "8,16", "--plot", str(target))
+    assert done.returncode == 0, done.stderr
+    text = target.read_text()
+    assert "llama3-8b on h100-sxm" in text and "<td>8</td>" in text and "<td>16</td>" in text

@@ -20,6 +20,7 @@ from gpufleet.fabric.placement import GroupSpan, Placement
 from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
 from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, simulate_collective
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
+from gpufleet.report.plots import Series, write_series_plot
 from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
 
 
@@ -72,34 +73,12 @@ def _simulate_one(op: Op, size: float, cluster: Cluster, placement: Placement, a
 
 
 def _plot(path: Path, rows: list[dict[str, Any]], x_key: str) -> None:
-    series: dict[str, list[tuple[float, float]]] = {}
+    series: Series = {}
     for row in rows:
         label = f"{row['topology']} {row['network']} {row['oversubscription']:g}:1"
         series.setdefault(label, []).append((row[x_key], row["busbw_gbps"]))
-    if path.suffix.lower() == ".html":
-        lines = ["<html><body><h1>Bus bandwidth (GB/s)</h1><table border=1><tr><th>series</th><th>"
-                 f"{x_key}</th><th>busbw GB/s</th></tr>"]
-        lines += [f"<tr><td>{label}</td><td>{x:g}</td><td>{y:.1f}</td></tr>" for label, pts in series.items()
-                  for x, y in pts]
-        path.write_text("\n".join([*lines, "</table></body></html>"]))
-        return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise InputError("--plot FILE.png needs matplotlib: pip install 'gpufleet[plot]' (or use FILE.html)") from error
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for label, points in series.items():
-        xs, ys = zip(*sorted(points), strict=True)
-        axis.plot(xs, ys, marker="o", label=label)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("message bytes" if x_key == "size_bytes" else "GPUs")
-    axis.set_ylabel("bus bandwidth, GB/s")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path)
+    write_series_plot(path, series, x_label="message bytes" if x_key == "size_bytes" else "GPUs",
+                      y_label="bus bandwidth, GB/s", title="Bus bandwidth (GB/s)")
 
 
 def register(app: typer.Typer) -> None:

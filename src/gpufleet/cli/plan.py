@@ -17,6 +17,7 @@ from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
+from gpufleet.report.plots import write_series_plot
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
 
 GIB = 2**30
@@ -154,6 +155,8 @@ def register(app: typer.Typer) -> None:
         deadline: str = typer.Option(None, "--deadline",
                                      help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
         budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
+        plot: Path = typer.Option(None, "--plot", help="With a GPU-count sweep: write tokens/s per GPU and "
+                                  "time-to-train against GPUs to FILE.png (or FILE.html)."),
         fabric_model: str = typer.Option("analytical", "--fabric-model",
                                          help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
                                          "with the flow-level simulator on the topology graph."),
@@ -198,7 +201,7 @@ def register(app: typer.Typer) -> None:
             result = make_plan(base, cat)
             _emit_single(out, result, explain, budget, top)
             return
-        _emit_sweep(out, cat, base, counts, deadline_s)
+        _emit_sweep(out, cat, base, counts, deadline_s, plot)
 
     def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int) -> None:
         if budget is not None:
@@ -221,7 +224,8 @@ def register(app: typer.Typer) -> None:
 
         out.emit(data, render)
 
-    def _emit_sweep(out: Output, cat: Any, base: PlanRequest, counts: list[int], deadline_s: float | None) -> None:
+    def _emit_sweep(out: Output, cat: Any, base: PlanRequest, counts: list[int], deadline_s: float | None,
+                    plot: Path | None) -> None:
         rows: list[dict[str, Any]] = []
         started = time.monotonic()
         chosen: dict[str, Any] | None = None
@@ -245,6 +249,13 @@ def register(app: typer.Typer) -> None:
                 else:
                     progress.update(task, visible=True)
         data: dict[str, Any] = {"sweep": rows}
+        if plot is not None:
+            fitting = [row for row in rows if row["fits"]]
+            label = f"{base.model} on {base.gpu}"
+            write_series_plot(plot, {label: [(r["gpus"], r["tokens_per_s_per_gpu"]) for r in fitting]},
+                              x_label="GPUs", y_label="tokens/s per GPU (best plan)",
+                              title="scaling sweep: per-GPU throughput of the best plan")
+            data["plot"] = str(plot)
         if deadline_s is not None:
             data["deadline_s"] = deadline_s
             data["smallest_meeting_deadline"] = chosen["gpus"] if chosen else None
