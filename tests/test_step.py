@@ -30,12 +30,13 @@ def cluster(gpus: int, oversubscription: float = 1.0, nodes_per_leaf: int | None
 
 
 def test_gemm_time_at_a_given_efficiency_by_hand() -> None:
-    # 4096^3 bf16 GEMM on H100: 2*4096^3 FLOPs at 989.4 TFLOP/s x 0.706 (sustained) x (4096/(4096+128))^3.
+    # 4096^3 bf16 GEMM on H100: 2*4096^3 FLOPs at 989.4 TFLOP/s x 0.706 (sustained benchmark) x 0.87
+    # (in a training step) x (4096/(4096+128))^3 (shape).
     flops = 2 * 4096**3
-    efficiency = 0.706 * (4096 / 4224) ** 3
+    efficiency = 0.706 * 0.87 * (4096 / 4224) ** 3
     expected = flops / (989.4e12 * efficiency)
     assert math.isclose(gemm_time_s(4096, 4096, 4096, 989.4e12, CAL, "bf16"), expected, rel_tol=1e-9)
-    assert math.isclose(expected, 2.158e-4, rel_tol=2e-3)
+    assert math.isclose(expected, 2.480e-4, rel_tol=2e-3)
 
 
 def test_1f1b_bubble_and_interleaving() -> None:

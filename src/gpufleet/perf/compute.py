@@ -92,7 +92,8 @@ def gemm_time_s(m: float, n: float, k: float, peak_flops: float, calibration: Ca
     """Seconds for `count` GEMMs of shape M×N×K."""
     if m <= 0 or n <= 0 or k <= 0 or count <= 0:
         return 0.0
-    efficiency = calibration.gemm_fraction(precision) * shape_factor(calibration, m, n, k)
+    efficiency = (calibration.gemm_in_training * calibration.gemm_fraction(precision)
+                  * shape_factor(calibration, m, n, k))
     return count * 2 * m * n * k / (peak_flops * efficiency)
 
 
