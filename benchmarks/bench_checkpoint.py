@@ -7,6 +7,15 @@ Prints `name=value` lines: stall_ratio (async stall / blocking torch.save with f
 write_ratio (checkpoint bytes/s / `dd conv=fsync` bytes/s; target >= 0.85), read_ratio (restore
 bytes/s / raw sequential read bytes/s; target >= 0.85), and the raw figures behind them. Page cache
 is dropped before reads when the process may (root); otherwise reads are warm for both sides alike.
+
+What each ratio includes: the checkpoint write time is DCP writing every shard (WRITE_THREADS files per
+rank, each fsynced), the xxh3-128 of every file (hashed as the bytes are written, no read-back), the
+gather, the manifest (temp + fsync + rename), the directory rename and its fsyncs and the `latest`
+pointer, i.e. everything until the save is durable; retention (deleting older checkpoints) comes after
+and is printed apart as retain_s. The restore time is `load_latest()` whole: listing, manifest and size
+checks, reading and checksumming every file (cold), and DCP loading into an untouched `empty_like`
+template (the kernel zero-fills its pages on first touch). Both baselines are single-stream: `dd` of
+zeros with 8 MiB blocks and `conv=fsync`, and an 8 MiB unbuffered read loop.
 """
 
 from __future__ import annotations
@@ -82,7 +91,7 @@ def main() -> None:
         (work / "blocking.pt").unlink()
 
         manager = CheckpointManager(work / "ckpt", keep_last=1)
-        stalls, writes = [], []
+        stalls, writes, retains = [], [], []
         for step in range(args.repeats + 1):  # the first save allocates the reusable buffers
             start = time.perf_counter()
             manager.save(state, step)
@@ -92,6 +101,7 @@ def main() -> None:
             if step > 0 and stats is not None:
                 stalls.append(stall_s)
                 writes.append(stats.write_s + stats.commit_s)
+                retains.append(stats.retain_s)
         write_bps = size_bytes / min(writes)
 
         dd_bps = max(dd_write_bytes_per_s(work / "dd.bin", size_bytes) for _ in range(args.repeats))
@@ -109,6 +119,7 @@ def main() -> None:
         print(f"async_stall_s={min(stalls):.4f}")
         print(f"stall_ratio={min(stalls) / blocking:.4f}")
         print(f"checkpoint_write_bytes_per_s={write_bps:.3e}")
+        print(f"retain_s={min(retains):.3f}")
         print(f"dd_fsync_write_bytes_per_s={dd_bps:.3e}")
         print(f"write_ratio={write_bps / dd_bps:.3f}")
         print(f"restore_bytes_per_s={read_bps:.3e}")

@@ -25,7 +25,9 @@ from gpufleet.runtime.checkpoint import (  # noqa: E402
     CheckpointNameError,
     CorruptCheckpointError,
     steps_to_delete,
+    verify_checkpoint,
 )
+from gpufleet.runtime.checkpoint.manager import _local_fs  # noqa: E402
 from gpufleet.runtime.checkpoint.names import check_relpath, inside, step_dirname  # noqa: E402
 
 
@@ -49,9 +51,9 @@ def test_names_and_retention_rules() -> None:
     for bad in (-1, 1.5, True, 10**12):
         with pytest.raises(CheckpointNameError):
             step_dirname(bad)  # type: ignore[arg-type]
-    for bad in ("../x", "/etc/passwd", "a/../../b", "", "a\\b"):
+    for bad_path in ("../x", "/etc/passwd", "a/../../b", "", "a\\b"):
         with pytest.raises(CheckpointNameError):
-            check_relpath(bad)
+            check_relpath(bad_path)
     with pytest.raises(CheckpointNameError):
         inside(Path("/tmp/root"), "../escape")
     assert steps_to_delete([1, 2, 3, 4, 5], keep_last=2) == [1, 2, 3]
@@ -69,8 +71,10 @@ def test_async_save_is_isolated_from_later_training_steps(tmp_path: Path) -> Non
     found = manager.load_latest()
     assert found is not None and found[0] == 7 and same_state(found[1], expected_state(7))
     assert (tmp_path / "latest").read_text().strip() == "step_000000000007"
+    from gpufleet.runtime.checkpoint.dcp_io import WRITE_THREADS
+
     assert sorted(p.name for p in (tmp_path / "step_000000000007").iterdir()) == [
-        ".metadata", "__0_0.distcp", "manifest.json"]
+        ".metadata", *(f"__0_{i}.distcp" for i in range(WRITE_THREADS)), "manifest.json"]
 
 
 def test_busy_policy_skip_drops_the_second_save(tmp_path: Path) -> None:
@@ -203,3 +207,44 @@ def test_cli_list_prune_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_a_failing_writer_thread_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCP's extra writer threads drop their items silently on an error; the save must fail anyway."""
+    from gpufleet.runtime.checkpoint import dcp_io
+
+    manager = CheckpointManager(tmp_path, keep_last=5)
+    manager.save(expected_state(1), 1, blocking=True)
+    original = dcp_io._HashingWriter.write
+
+    def flaky(self: Any, data: Any) -> int:
+        if self.path.name.endswith("_1.distcp"):
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return original(self, data)
+
+    monkeypatch.setattr(dcp_io._HashingWriter, "write", flaky)
+    manager.save(expected_state(2), 2)
+    with pytest.raises(CheckpointError, match="not saved"):
+        manager.wait()
+    monkeypatch.undo()
+    assert manager.steps() == [1]
+    found = manager.load_latest()
+    assert found is not None and found[0] == 1 and same_state(found[1], expected_state(1))
+
+
+def test_checksums_hashed_while_writing_match_the_files(tmp_path: Path) -> None:
+    manager = saved(tmp_path, range(1, 2))
+    report = verify_checkpoint(_local_fs(), str(tmp_path / "step_000000000001"))
+    assert report.ok and report.manifest is not None, report.problems
+    assert manager.last_stats is not None and manager.last_stats.size_bytes == report.manifest.total_bytes
+
+
+def test_a_bit_flip_found_while_loading_leaves_the_template_untouched(tmp_path: Path) -> None:
+    manager = saved(tmp_path, range(1, 2))
+    _flip_bit(tmp_path / "step_000000000001" / "__0_0.distcp", 4000)
+    template = expected_state(99)
+    with pytest.raises(CorruptCheckpointError, match=r"__0_0\.distcp: checksum mismatch"):
+        manager.load(1, template)
+    assert same_state(template, expected_state(99))
+    assert manager.load_latest(template) is None
+    assert same_state(template, expected_state(99))

@@ -38,6 +38,8 @@ def run_ranks(world: int, scenario: str, root: Path, timeout_s: float = 90) -> l
 
 
 def test_four_ranks_commit_then_two_ranks_and_one_process_reshard(tmp_path: Path) -> None:
+    from gpufleet.runtime.checkpoint.dcp_io import WRITE_THREADS
+
     root = tmp_path / "ckpt"
     outputs = run_ranks(4, "save", root)
     assert all("committed 3" in out for out in outputs)
@@ -47,7 +49,8 @@ def test_four_ranks_commit_then_two_ranks_and_one_process_reshard(tmp_path: Path
         report = verify_checkpoint(_local_fs(), str(root / f"step_{step:012d}"))
         assert report.ok, report.problems
         assert report.manifest is not None and report.manifest.world_size == 4
-        assert sorted(report.manifest.files) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+        assert sorted(report.manifest.files) == [".metadata"] + [
+            f"__{r}_{i}.distcp" for r in range(4) for i in range(WRITE_THREADS)]
     # 4 ranks -> 2 ranks: DCP reshards the row shards
     outputs = run_ranks(2, "load", root)
     assert all("loaded 3" in out for out in outputs)

@@ -3,7 +3,7 @@
     save(state_dict, step)   stage to host memory (the stall), then write in a background thread:
         1. rank 0 empties `.tmp-step_…`; every rank waits for it (barrier on a side gloo group)
         2. every rank writes its DCP shard, fsynced; the coordinator writes `.metadata`
-        3. every rank hashes its own files (xxh3-128) and sends the entries to rank 0 (gather)
+        3. every rank reports its own files' sizes and xxh3-128 (hashed as written) to rank 0 (gather)
         4. rank 0, holding entries from every rank, writes `manifest.json` and fsyncs it
         5. rank 0 renames `.tmp-step_…` to `step_…` and fsyncs the root: this is the commit
         6. rank 0 moves `latest`, applies retention, queues the upload; all ranks learn the outcome
@@ -50,13 +50,19 @@ BusyPolicy = Literal["wait", "skip"]
 
 @dataclass(frozen=True)
 class SaveStats:
-    """Timings of the last finished save, in seconds, and its size."""
+    """Timings of the last finished save, in seconds, and its size.
+
+    `write_s` covers DCP writing every shard with fsync and the per-file checksums; `commit_s` runs
+    from the gather to the moment the commit is durable (manifest, rename, fsyncs, `latest`).
+    """
 
     step: int
     stage_s: float
     write_s: float
     commit_s: float
     size_bytes: int
+    retain_s: float = 0.0
+    """Retention after the commit (deleting older checkpoints); not part of `write_s + commit_s`."""
 
 
 class CheckpointManager:
@@ -205,6 +211,8 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
+        if self.world_size == 1 and self.verify_on_load:
+            return self._load_latest_verifying(template)
         choice = self._choose_latest() if self.rank == 0 else None
         step = self._broadcast(choice)
         if step is None:
@@ -216,6 +224,11 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         path = self.root / step_dirname(step)
+        if self.world_size == 1 and self.verify_on_load:
+            report = verify_checkpoint(_local_fs(), str(path), checksums=False)
+            if not report.ok or report.manifest is None:
+                raise CorruptCheckpointError(str(path), report.problems)
+            return self._read(step, template, report.manifest.files)
         problem = None
         if self.rank == 0 and self.verify_on_load:
             report = verify_checkpoint(_local_fs(), str(path))
@@ -249,8 +262,8 @@ class CheckpointManager:
         local_error: str | None = None
         entries: dict[str, FileEntry] = {}
         try:
-            dcp_io.write(staged, tmp, self._io_group if self.world_size > 1 else None)
-            entries = self._hash_own_files(tmp)
+            written = dcp_io.write(staged, tmp, self._io_group if self.world_size > 1 else None)
+            entries = self._own_entries(tmp, written)
         except BaseException as error:  # DCP's CheckpointException derives from BaseException
             free_bytes = shutil.disk_usage(self.root).free
             local_error = (f"rank {self.rank}: {type(error).__name__}: {error} "
@@ -259,6 +272,7 @@ class CheckpointManager:
         gathered = self._gather((entries, local_error))
         outcome: str | None = None
         commit_start_s = time.perf_counter()
+        self._durable_at_s: float | None = None
         if self.rank == 0:
             try:
                 outcome = self._commit(tmp, step, gathered, metadata)
@@ -272,17 +286,28 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint step {step} not saved ({outcome}); the previous ones are intact")
         self._last_committed = step
         size = sum(e.size_bytes for part in gathered or [] for e in part[0].values())
-        self.last_stats = SaveStats(step, stage_s, write_s, time.perf_counter() - commit_start_s, size)
+        end_s = time.perf_counter()
+        durable_s = self._durable_at_s if self._durable_at_s is not None else end_s
+        self.last_stats = SaveStats(step, stage_s, write_s, durable_s - commit_start_s, size,
+                                    retain_s=end_s - durable_s)
 
-    def _hash_own_files(self, tmp: Path) -> dict[str, FileEntry]:
+    def _own_entries(self, tmp: Path, written: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        """Size and checksum of this rank's files, each fsynced (again) before it is reported.
+
+        The checksums were computed from the bytes as DCP wrote them; a file without one (its bytes
+        did not arrive in order) or whose size on disk differs is hashed by reading it back.
+        """
         mine = sorted(tmp.glob(f"__{self.rank}_*.distcp"))
         if self.rank == 0:
             mine.append(tmp / ".metadata")
         entries = {}
         for path in mine:
             with open(path, "rb") as handle:
-                entries[path.name] = hash_stream(handle)
                 os.fsync(handle.fileno())
+                entry = written.get(path.name)
+                if entry is None or os.fstat(handle.fileno()).st_size != entry.size_bytes:
+                    entry = hash_stream(handle)
+                entries[path.name] = entry
         return entries
 
     def _commit(self, tmp: Path, step: int, gathered: list[Any] | None,
@@ -312,6 +337,7 @@ class CheckpointManager:
         os.rename(tmp, final)
         fsync_dir(self.root)
         atomic_write(self.root / LATEST_NAME, f"{final.name}\n".encode())
+        self._durable_at_s = time.perf_counter()
         self._retain()
         if self._remote is not None:
             self._uploads.put(step)
@@ -400,11 +426,35 @@ class CheckpointManager:
             return step
         return self._restore_from_store()
 
-    def _read(self, step: int, template: dict[str, Any] | None) -> dict[str, Any]:
+    def _load_latest_verifying(self, template: dict[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
+        """One process: the newest checkpoint that verifies, checked while it is read (each file read once).
+
+        Sizes and presence are checked first; then every file is read into memory and its checksum
+        compared before any value is used, so a damaged checkpoint is skipped with `template` untouched.
+        """
+        for step, path in reversed(self._local_dirs()):
+            if not (path / MANIFEST_NAME).exists():
+                log.warning("checkpoint %s has no manifest (incomplete); skipped", path)
+                continue
+            report = verify_checkpoint(_local_fs(), str(path), checksums=False)
+            if not report.ok or report.manifest is None:
+                log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(report.problems))
+                continue
+            try:
+                return step, self._read(step, template, report.manifest.files)
+            except CorruptCheckpointError as error:
+                log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(error.problems))
+        restored = self._restore_from_store()  # verified in full after the download
+        if restored is None:
+            return None
+        return restored, self._read(restored, template)
+
+    def _read(self, step: int, template: dict[str, Any] | None,
+              expected: dict[str, FileEntry] | None = None) -> dict[str, Any]:
         from gpufleet.runtime.checkpoint import dcp_io
 
         group = self._ctl_group if self.world_size > 1 else None
-        return dcp_io.read(self.root / step_dirname(step), template, group)
+        return dcp_io.read(self.root / step_dirname(step), template, group, expected)
 
     def _local_dirs(self) -> list[tuple[int, Path]]:
         found = []
