@@ -92,9 +92,10 @@ def render_result(console: Console, result: PlanResult) -> None:
     console.print(f"layouts tried {result.search.tried}: {len(result.search.feasible)} fit; "
                   f"rejected: {reasons or 'none'}")
     table = Table(show_lines=False)
-    for column in ("#", "layout", "mem / HBM", "step", "tok/s/GPU", "MFU", "goodput", "time-to-train",
+    for column in ("#", "layout", "mem/HBM", "step", "tok/s/GPU", "MFU", "goodput", "train time",
                    "cheapest cloud"):
-        table.add_column(column, justify="left" if column == "layout" else "right", no_wrap=column == "layout")
+        table.add_column(column, justify="left" if column in ("layout", "cheapest cloud") else "right",
+                         no_wrap=column == "layout" and console.width >= 120)
     for plan in result.plans:
         step = plan.candidate.step
         econ = plan.economics
