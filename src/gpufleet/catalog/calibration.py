@@ -20,10 +20,10 @@ class CalibrationProfile(Record):
     gemm_fraction_fp8: float | None = Field(default=None, gt=0, le=1, description="best-shape fp8 GEMM / fp8 peak")
     attention_fraction: float = Field(gt=0, le=1, description="fused attention kernel (fwd+bwd) / 16-bit peak")
     hbm_fraction: float = Field(gt=0, le=1, description="achievable HBM bandwidth for streaming kernels / peak")
-    gemm_in_training: float = Field(
+    in_training_fraction: float = Field(
         default=0.87, gt=0, le=1,
-        description="GEMMs inside a training step / the same GEMMs in an isolated benchmark "
-        "(see data/calibration.yaml)",
+        description="tensor-core kernels (GEMMs, fused attention) inside a training step / the same kernels "
+        "in an isolated benchmark (see data/calibration.yaml)",
     )
     attention_kernel: Literal["flash", "materialized"] = Field(
         default="flash", description="flash (fused, FlashAttention/cuDNN) or materialized (s×s scores in HBM)"

@@ -92,7 +92,7 @@ def gemm_time_s(m: float, n: float, k: float, peak_flops: float, calibration: Ca
     """Seconds for `count` GEMMs of shape M×N×K."""
     if m <= 0 or n <= 0 or k <= 0 or count <= 0:
         return 0.0
-    efficiency = (calibration.gemm_in_training * calibration.gemm_fraction(precision)
+    efficiency = (calibration.in_training_fraction * calibration.gemm_fraction(precision)
                   * shape_factor(calibration, m, n, k))
     return count * 2 * m * n * k / (peak_flops * efficiency)
 
@@ -149,7 +149,7 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
     if calibration.attention_kernel == "flash":
         # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
-        attention_s = attention_flops / (attn_peak * calibration.attention_fraction)
+        attention_s = attention_flops / (attn_peak * calibration.attention_fraction * calibration.in_training_fraction)
         attention_bwd_s = ATTENTION_BACKWARD_RATIO * attention_s
     else:
         attention_s, attention_bwd_s = _materialized_attention_s(model, layout, calibration, attn_peak,
