@@ -152,6 +152,70 @@ def _chunked_s(op: Op, nbytes: float, chunks: int, kind: GroupKind, layout: Layo
     return chunks * one.time_s, one.link
 
 
+@dataclass(frozen=True, slots=True)
+class _DataParallelComm:
+    exposed_s: float
+    total_s: float
+    link: str
+
+
+def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, params: _StageParams, *,
+                   micro_batches: int, stage_layers: int, compute_per_micro_batch_s: float) -> _DataParallelComm:
+    """Gradient reduction and parameter gathering over dp*cp (and the expert-data-parallel group).
+
+    FSDP/ZeRO-3 gather and reduce one transformer block at a time, every micro-batch (reshard after
+    forward, no gradient-accumulation no_sync); DDP and the distributed optimizer reduce once per step
+    in buckets of DP_BUCKET_ELEMENTS, overlapping the last micro-batch's backward (the parameter
+    all-gather overlaps the next step's first forward). Each collective pays its own latency.
+    """
+    if layout.dp * layout.cp <= 1:
+        return _DataParallelComm(0.0, 0.0, "")
+    sharded = layout.sharding in ("zero3", "fsdp", "hsdp")
+    units = stage_layers if sharded else math.ceil(params.dense / DP_BUCKET_ELEMENTS)
+    reduce_op: Op = "all-reduce" if layout.sharding == "none" else "reduce-scatter"
+    reduce_s, link = _chunked_s(reduce_op, params.dense * GRAD_WIRE_BYTES, units, "dp_cp", layout, cluster, options)
+    gather_s = 0.0
+    if layout.sharding != "none":
+        gather_s, _ = _chunked_s("all-gather", params.dense * ACTIVATION_BYTES, units, "dp_cp", layout, cluster,
+                                 options)
+    if params.expert and layout.dp * layout.cp // layout.ep > 1:
+        expert_units = stage_layers if sharded else math.ceil(params.expert / DP_BUCKET_ELEMENTS)
+        more, _ = _chunked_s(reduce_op, params.expert * GRAD_WIRE_BYTES, expert_units, "edp", layout, cluster,
+                             options)
+        reduce_s += more
+        if layout.sharding != "none":
+            more, _ = _chunked_s("all-gather", params.expert * ACTIVATION_BYTES, expert_units, "edp", layout,
+                                 cluster, options)
+            gather_s += more
+    forward_window = compute_per_micro_batch_s / 3
+    backward_window = compute_per_micro_batch_s * 2 / 3
+    granules = max(stage_layers, 1)
+    if sharded:
+        total = micro_batches * (2 * gather_s + reduce_s)
+        if not options.dp_overlap:
+            return _DataParallelComm(total, total, link)
+        forward_exposed, _ = _overlap(gather_s, forward_window, granules)
+        backward_exposed, _ = _overlap(gather_s + reduce_s, backward_window, granules)
+        return _DataParallelComm(micro_batches * (forward_exposed + backward_exposed), total, link)
+    total = reduce_s + gather_s
+    if not options.dp_overlap:
+        return _DataParallelComm(total, total, link)
+    reduce_exposed, _ = _overlap(reduce_s, backward_window, granules)
+    gather_exposed, _ = _overlap(gather_s, forward_window, granules)
+    return _DataParallelComm(reduce_exposed + gather_exposed, total, link)
+
+
+def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfile, params: _StageParams) -> float:
+    """Adam over this GPU's shard of the parameters: HBM-bound (CPU-bound when offloaded)."""
+    shard = layout.dp * layout.cp if layout.sharding != "none" else 1
+    expert_shard = max(1, layout.dp * layout.cp // layout.ep) if layout.sharding != "none" else 1
+    local_params = params.dense / shard + params.expert / expert_shard
+    seconds = local_params * OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+    if layout.offload_optimizer:
+        seconds *= 10.0  # CPU Adam over host memory: ~10x slower than HBM (judgement)
+    return seconds
+
+
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
                   options: StepOptions | None = None) -> StepEstimate:
     """Estimate one optimizer step of `job` with `layout` on `cluster` (layout assumed valid)."""
@@ -183,12 +247,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
             1, min(layout.tp, model.kv_heads))
         hop = _cost("send-recv", kv_bytes, "cp", layout, cluster, options)
         cp_link = hop.link
-        layer_for_cp = dense_layer or moe_layer
-        assert layer_for_cp is not None
+        layer_for_cp = dense_layer if dense_layer is not None else moe_layer
         # Ring attention: cp-1 hops forward, 2x that backward (KV and their gradients), each hop
         # overlapping one block of attention compute.
         comm = 3 * (layout.cp - 1) * hop.time_s
-        window = layer_for_cp.attention_fwd_s + layer_for_cp.attention_bwd_s
+        window = (layer_for_cp.attention_fwd_s + layer_for_cp.attention_bwd_s) if layer_for_cp else 0.0
         exposed, hidden = _overlap(comm, window, layout.cp)
         cp_per_layer_s, cp_hidden_per_layer_s = exposed, hidden
 
@@ -228,70 +291,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     bubble_s = (pp - 1) / vpp * mean_stage if pp > 1 else 0.0
     pipeline_s = m * slowest + bubble_s
 
-    # --- data parallel ------------------------------------------------------------------------
-    worst_stage = max(range(pp), key=lambda s: stage_times[s])
+    worst_stage = max(range(pp), key=lambda stage: stage_times[stage])
     params = stage_parameters(job, layout, worst_stage)
-    dp_group: GroupKind = "dp_cp"
-    grad_bytes = params.dense * GRAD_WIRE_BYTES
-    expert_grad_bytes = params.expert * GRAD_WIRE_BYTES
-    sharded = layout.sharding in ("zero3", "fsdp", "hsdp")
-    compute_mb = slowest - p2p_per_mb_s
-    backward_window = compute_mb * 2 / 3
-    forward_window = compute_mb / 3
-    dp_comm_s = 0.0
-    dp_exposed = 0.0
-    link = ""
-    if layout.dp * layout.cp > 1:
-        # FSDP/ZeRO-3 gather and reduce one transformer block at a time; DDP and the distributed
-        # optimizer reduce in buckets of DP_BUCKET_ELEMENTS. Each collective pays its own latency.
-        units = per_stage_layers if sharded else math.ceil(params.dense / DP_BUCKET_ELEMENTS)
-        reduce_op: Op = "all-reduce" if layout.sharding == "none" else "reduce-scatter"
-        reduce_s, link = _chunked_s(reduce_op, grad_bytes, units, dp_group, layout, cluster, options)
-        gather_s = 0.0
-        if layout.sharding != "none":
-            gather_s, _ = _chunked_s("all-gather", params.dense * ACTIVATION_BYTES, units, dp_group, layout,
-                                     cluster, options)
-        if expert_grad_bytes and layout.dp * layout.cp // layout.ep > 1:
-            expert_units = per_stage_layers if sharded else math.ceil(params.expert / DP_BUCKET_ELEMENTS)
-            more, _ = _chunked_s(reduce_op, expert_grad_bytes, expert_units, "edp", layout, cluster, options)
-            reduce_s += more
-            if layout.sharding != "none":
-                more, _ = _chunked_s("all-gather", params.expert * ACTIVATION_BYTES, expert_units, "edp", layout,
-                                     cluster, options)
-                gather_s += more
-        granules = max(per_stage_layers, 1)
-        if sharded:
-            # Parameters gathered before forward and again before backward, gradients reduce-scattered,
-            # every micro-batch (FSDP's default reshard-after-forward; no gradient-accumulation no_sync).
-            per_mb = 2 * gather_s + reduce_s
-            dp_comm_s = m * per_mb
-            if options.dp_overlap:
-                fwd_exp, _ = _overlap(gather_s, forward_window, granules)
-                bwd_exp, _ = _overlap(gather_s + reduce_s, backward_window, granules)
-                dp_exposed = m * (fwd_exp + bwd_exp)
-            else:
-                dp_exposed = dp_comm_s
-        else:
-            dp_comm_s = reduce_s + gather_s
-            if options.dp_overlap:
-                # Gradient buckets reduce during the last micro-batch's backward; the distributed
-                # optimizer's parameter all-gather overlaps the next step's first forward.
-                reduce_exp, _ = _overlap(reduce_s, backward_window, granules)
-                gather_exp, _ = _overlap(gather_s, forward_window, granules)
-                dp_exposed = reduce_exp + gather_exp
-            else:
-                dp_exposed = dp_comm_s
-
-    # --- optimizer ----------------------------------------------------------------------------
-    shard = layout.dp * layout.cp if layout.sharding != "none" else 1
-    expert_shard = max(1, layout.dp * layout.cp // layout.ep) if layout.sharding != "none" else 1
-    optimizer_params = params.dense / shard + params.expert / expert_shard
-    optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (
-        cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction)
-    if layout.offload_optimizer:
-        optimizer_s *= 10.0  # CPU Adam over host memory: ~10x slower than HBM (judgement)
-
-    step_s = pipeline_s + dp_exposed + optimizer_s + options.step_overhead_s
+    dp = _data_parallel(layout, cluster, options, params, micro_batches=m, stage_layers=per_stage_layers,
+                        compute_per_micro_batch_s=slowest - p2p_per_mb_s)
+    optimizer_s = _optimizer_s(layout, cluster, calibration, params)
+    step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s
 
     # --- parts for --explain ------------------------------------------------------------------
     compute_parts = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, "recompute": 0.0}
@@ -329,8 +334,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     if p2p:
         parts["comm.pp"] = Part(m * p2p_per_mb_s, 0.0, p2p.link)
         parts["bubble"] = Part(bubble_s)
-    if dp_comm_s:
-        parts["comm.dp"] = Part(dp_exposed, dp_comm_s - dp_exposed, link)
+    if dp.total_s:
+        parts["comm.dp"] = Part(dp.exposed_s, dp.total_s - dp.exposed_s, dp.link)
     parts["optimizer"] = Part(optimizer_s)
     parts["overhead"] = Part(options.step_overhead_s)
     imbalance = m * (slowest - mean_stage)
