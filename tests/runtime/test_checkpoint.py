@@ -239,12 +239,75 @@ def test_checksums_hashed_while_writing_match_the_files(tmp_path: Path) -> None:
     assert manager.last_stats is not None and manager.last_stats.size_bytes == report.manifest.total_bytes
 
 
-def test_a_bit_flip_found_while_loading_leaves_the_template_untouched(tmp_path: Path) -> None:
+def test_a_bit_flip_found_while_loading_names_the_file_and_flags_the_template(tmp_path: Path) -> None:
     manager = saved(tmp_path, range(1, 2))
     _flip_bit(tmp_path / "step_000000000001" / "__0_0.distcp", 4000)
     template = expected_state(99)
-    with pytest.raises(CorruptCheckpointError, match=r"__0_0\.distcp: checksum mismatch"):
+    with pytest.raises(CorruptCheckpointError, match=r"__0_0\.distcp: checksum mismatch") as caught:
         manager.load(1, template)
-    assert same_state(template, expected_state(99))
-    assert manager.load_latest(template) is None
-    assert same_state(template, expected_state(99))
+    assert caught.value.partial_template  # values are read in place before the file's checksum is known
+    # The only checkpoint is damaged: with a template that may hold some of its values, load_latest raises
+    # rather than returning None (a None would read as "start from a freshly initialised model").
+    with pytest.raises(CorruptCheckpointError, match="re-initialise") as caught:
+        manager.load_latest(expected_state(99))
+    assert caught.value.partial_template
+    assert manager.load_latest() is None  # without a template nothing partial can reach the caller
+
+
+def _shard_files(step_dir: Path) -> list[Path]:
+    return sorted(step_dir.glob("*.distcp"))
+
+
+@pytest.mark.parametrize("where", ["first byte", "middle", "last byte"])
+@pytest.mark.parametrize("shard", [0, 1])
+def test_load_latest_returns_the_older_checkpoint_exactly_after_mid_file_damage(tmp_path: Path, where: str,
+                                                                                shard: int) -> None:
+    manager = saved(tmp_path, range(1, 4), keep_last=5)
+    target = _shard_files(tmp_path / "step_000000000003")[shard]
+    size = target.stat().st_size
+    _flip_bit(target, {"first byte": 0, "middle": size // 2, "last byte": size - 1}[where])
+    template = expected_state(99)
+    found = manager.load_latest(template)
+    assert found is not None and found[0] == 2
+    assert found[1] is template and same_state(template, expected_state(2))
+
+
+def test_damage_in_bytes_a_partial_load_does_not_need_is_still_detected(tmp_path: Path) -> None:
+    manager = saved(tmp_path, range(1, 3), keep_last=5)
+    for path in _shard_files(tmp_path / "step_000000000002"):
+        data = bytearray(path.read_bytes())
+        for offset in range(0, len(data), 997):  # damage spread over every region of every shard
+            data[offset] ^= 0x01
+        path.write_bytes(bytes(data))
+    template = {"optim": {"count": torch.tensor(-5)}}  # needs one small item of one file
+    found = manager.load_latest(template)
+    assert found is not None and found[0] == 1 and torch.equal(template["optim"]["count"], torch.tensor(1))
+
+
+def test_tensors_are_read_in_place_and_other_layouts_through_a_buffer(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    from gpufleet.runtime.checkpoint import dcp_io
+
+    manager = saved(tmp_path, range(1, 2))
+    buffered: list[str] = []
+    original = dcp_io.VerifiedReader._deserialize
+
+    def counting(self: Any, data: Any, items: Any, planner: Any) -> None:
+        buffered.extend("bytes" if i.type == LoadItemType.BYTE_IO else i.dest_index.fqn for i in items)
+        original(self, data, items, planner)
+
+    monkeypatch.setattr(dcp_io.VerifiedReader, "_deserialize", counting)
+    template = expected_state(99)
+    manager.load(1, template)
+    assert same_state(template, expected_state(1))
+    assert set(buffered) == {"bytes"}  # every tensor went straight into its destination
+    buffered.clear()
+    strided = expected_state(99)
+    strided["model"]["w"] = torch.zeros(384, 384).t()  # not contiguous: the general path
+    strided["optim"]["m"] = torch.zeros(256, 256)  # another dtype: DCP converts on copy
+    manager.load(1, strided)
+    assert torch.equal(strided["model"]["w"], expected_state(1)["model"]["w"])
+    assert torch.equal(strided["optim"]["m"], expected_state(1)["optim"]["m"].float())
+    assert {"model.w", "optim.m"} <= set(buffered)

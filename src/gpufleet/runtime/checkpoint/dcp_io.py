@@ -20,16 +20,24 @@ from typing import IO, Any, cast
 import torch
 import torch.distributed.checkpoint as dcp
 import xxhash
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from gpufleet.runtime.checkpoint.manifest import FileEntry
+from gpufleet.runtime.checkpoint.streamread import (
+    FileSweep,
+    describe_tensor,
+    native_byteorder,
+    tensor_bytes,
+    tensor_record,
+)
 
 WRITE_THREADS = 2
 """DCP writer threads per rank: each writes its own shard file (`__{rank}_{i}.distcp`), so the
@@ -156,20 +164,26 @@ def read_verified(path: Path, expected: FileEntry, *, keep: bool = True) -> memo
 
 
 class VerifiedReader(SafeReader):
-    """Verifies every file this load needs against the manifest, in parallel, before DCP reads it.
+    """Checks every file this load needs against the manifest while DCP's items are read from it.
 
-    `.metadata` is read once into memory, checked, and unpickled from those very bytes. The shard files
-    are streamed through a small buffer and hashed (READ_THREADS at once), and only when all of them
-    match does DCP read them, from the page cache the check has just filled; so a damaged checkpoint
-    raises CorruptCheckpointError and leaves a template untouched. (Holding the shards in memory to
-    read them only once was measured slower here: filling fresh pages twice costs more than the
-    second, cached read.)
+    `.metadata` is read once into memory, checked, and unpickled from those very bytes. Each shard file
+    is then read once, front to back, by its own thread (READ_THREADS at once): a tensor stored whole
+    and contiguous is read straight into its (contiguous) destination, anything else into a buffer and
+    deserialized as DCP does, and the bytes in between (archive headers, items this load skips) are read
+    and hashed too; the file's size and xxh3-128 are compared at its end. A mismatch raises
+    CorruptCheckpointError naming the file, by which time values of this checkpoint may already have
+    been written into the template: the exception is the signal (`touched` records that it happened).
     """
 
     def __init__(self, path: str | os.PathLike[str], expected: dict[str, FileEntry]) -> None:
         super().__init__(path)
         self.expected = expected
         self._metadata: memoryview | None = None
+        self._lock = threading.Lock()
+        self.touched = False
+        """Whether any value has been written into the destination state dict."""
+        self.direct_bytes = 0
+        """Bytes read straight into destination tensors (the rest went through a buffer)."""
 
     def _entry(self, name: str) -> FileEntry:
         entry = self.expected.get(name)
@@ -191,20 +205,125 @@ class VerifiedReader(SafeReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
-        names = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
-        entries = [self._entry(name) for name in names]
+        from torch.futures import Future
+
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        entries = {name: self._entry(name) for name in per_file}
         problems: list[str] = []
-        with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(names)))) as pool:
-            checks = [pool.submit(read_verified, Path(self.path) / name, entry, keep=False)
-                      for name, entry in zip(names, entries, strict=True)]
-            for check in checks:
+        failure: BaseException | None = None
+        with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(per_file)))) as pool:
+            reads = [pool.submit(self._read_file, name, items, entries[name], planner)
+                     for name, items in sorted(per_file.items())]
+            for done in reads:
                 try:
-                    check.result()
+                    done.result()
                 except CorruptCheckpointError as error:
                     problems.extend(error.problems)
+                except BaseException as error:
+                    failure = failure or error
         if problems:
             raise CorruptCheckpointError(str(self.path), problems)
-        return super().read_data(plan, planner)
+        if failure is not None:
+            raise failure
+        result: Future[None] = Future()
+        result.set_result(None)
+        return result
+
+    def _read_file(self, name: str, items: list[ReadItem], entry: FileEntry, planner: LoadPlanner) -> None:
+        path = Path(self.path) / name
+        slices: dict[tuple[int, int], list[ReadItem]] = {}
+        for item in items:
+            info = self.storage_data[item.storage_index]
+            slices.setdefault((info.offset, info.length), []).append(item)
+        with FileSweep(path, entry) as sweep:
+            try:
+                for (offset, length), group in sorted(slices.items()):
+                    if offset < sweep.pos or offset + length > sweep.size:
+                        raise CheckpointError(f"{path}: items overlap or lie outside the file")
+                    sweep.skip_to(offset)
+                    self._read_slice(sweep, offset, length, group, planner)
+                sweep.finish()
+            except CorruptCheckpointError:
+                raise
+            except Exception:
+                # Damaged bytes can break deserialization before the checksum is known; if the file does
+                # not match its manifest, that is the error to report.
+                read_verified(path, entry, keep=False)
+                raise
+
+    def _read_slice(self, sweep: FileSweep, offset: int, length: int, items: list[ReadItem],
+                    planner: LoadPlanner) -> None:
+        info = self.storage_data[items[0].storage_index]
+        head = memoryview(b"")
+        if len(items) == 1 and items[0].type != LoadItemType.BYTE_IO and not info.transform_descriptors:
+            done, head = self._read_direct(sweep, offset, length, items[0], planner)
+            if done:
+                return
+        rest = sweep.read_bytes(offset + length - sweep.pos)
+        data = memoryview(bytes(head) + bytes(rest)) if head.nbytes else rest
+        self._deserialize(data, items, planner)
+
+    def _read_direct(self, sweep: FileSweep, offset: int, length: int, item: ReadItem,
+                     planner: LoadPlanner) -> tuple[bool, memoryview]:
+        """Read a whole, contiguous stored tensor straight into its contiguous destination.
+
+        Returns (True, _) when done; (False, header) when the item needs the general path (resharding,
+        another layout or dtype, an unusual archive), with the archive's header bytes already consumed.
+        """
+        layout = tensor_record(sweep, offset, length)
+        if layout is None:
+            return False, memoryview(b"")
+        head = sweep.read_bytes(layout.data_start)
+        described = describe_tensor(bytes(head[layout.pickle_start:layout.pickle_start + layout.pickle_size]))
+        if described is None:
+            return False, head
+        stored, key = described
+        order = None if layout.byteorder is None else bytes(head[layout.byteorder[0]:sum(layout.byteorder)])
+        if (not layout.data_name.endswith(f"/data/{key}") or not native_byteorder(order)
+                or not stored.is_contiguous() or stored.storage_offset() != 0
+                or stored.numel() * stored.element_size() != layout.data_size
+                or any(item.storage_offsets) or list(item.lengths) != list(stored.shape)):
+            return False, head
+        with self._lock:
+            target = planner.resolve_tensor(item).detach()
+        if (target.device.type != "cpu" or target.layout != torch.strided or target.dtype != stored.dtype
+                or target.shape != stored.shape or not target.is_contiguous() or target.is_quantized
+                or target.is_conj() or target.is_neg()):
+            return False, head
+        self.touched = True
+        if layout.data_size:
+            sweep.read_into(tensor_bytes(target))
+        sweep.skip_to(offset + length)
+        with self._lock:
+            planner.commit_tensor(item, target)
+            self.direct_bytes += layout.data_size
+        return True, head
+
+    def _deserialize(self, data: memoryview, items: list[ReadItem], planner: LoadPlanner) -> None:
+        """What DCP's FileSystemReader does with one item's bytes, from memory already read."""
+        info = self.storage_data[items[0].storage_index]
+        for item in items:
+            stream = self.transforms.transform_load_stream(item, info.transform_descriptors or (),
+                                                           cast(IO[bytes], _MemoryFile(data)))
+            if item.type == LoadItemType.BYTE_IO:
+                with self._lock:
+                    self.touched = True
+                    planner.load_bytes(item, io.BytesIO(stream.read(-1)))
+                continue
+            seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+            tensor = cast(torch.Tensor, torch.load(seekable, map_location="cpu", weights_only=True))
+            tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+            with self._lock:
+                target = planner.resolve_tensor(item).detach()
+            if target.size() != tensor.size():
+                raise CheckpointError(f"{item.storage_index}: stored size {tuple(tensor.size())}, "
+                                      f"destination {tuple(target.size())}")
+            self.touched = True
+            target.copy_(tensor)
+            with self._lock:
+                planner.commit_tensor(item, target)
 
 
 class _SafeBytesMixin:
@@ -359,8 +478,9 @@ def read(path: Path, template: dict[str, Any] | None, process_group: Any | None,
          expected: dict[str, FileEntry] | None = None) -> dict[str, Any]:
     """Load a checkpoint; into `template` (resharding to its layout) or, without one, whole.
 
-    With `expected` (the manifest's files), every file is verified as it is read, once, before any of its
-    values is used; a damaged checkpoint raises CorruptCheckpointError.
+    With `expected` (the manifest's files), every file is verified as it is read, each byte once; a damaged
+    checkpoint raises CorruptCheckpointError naming the file, and its `partial_template` says whether
+    values of the damaged checkpoint had already been written into `template` (they may have been).
     """
     import warnings
 
@@ -370,20 +490,24 @@ def read(path: Path, template: dict[str, Any] | None, process_group: Any | None,
         reader.check_metadata()
     no_dist = process_group is None
     try:
-        if template is None:
-            if not no_dist:
-                raise CheckpointError("loading without a template needs a single process; pass a state dict "
-                                      "shaped like this rank's model to load across ranks")
-            state: dict[str, Any] = {}
-            _load_state_dict(state, storage_reader=reader, planner=SafeEmptyPlanner(), no_dist=True)
-            return state
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(template, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group,
-                     no_dist=no_dist)
-        return template
-    except CheckpointException as error:
-        for failure, _ in error.failures.values():  # DCP wraps what a storage reader raised
-            if isinstance(failure, CorruptCheckpointError):
-                raise failure from error
+        try:
+            if template is None:
+                if not no_dist:
+                    raise CheckpointError("loading without a template needs a single process; pass a state "
+                                          "dict shaped like this rank's model to load across ranks")
+                state: dict[str, Any] = {}
+                _load_state_dict(state, storage_reader=reader, planner=SafeEmptyPlanner(), no_dist=True)
+                return state
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(template, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group,
+                         no_dist=no_dist)
+            return template
+        except CheckpointException as error:
+            for failure, _ in error.failures.values():  # DCP wraps what a storage reader raised
+                if isinstance(failure, CorruptCheckpointError):
+                    raise failure from error
+            raise
+    except CorruptCheckpointError as error:
+        error.partial_template = template is not None and isinstance(reader, VerifiedReader) and reader.touched
         raise

@@ -19,6 +19,8 @@ class CorruptCheckpointError(CheckpointError):
     def __init__(self, where: str, problems: list[str]) -> None:
         self.where = where
         self.problems = list(problems)
+        self.partial_template = False
+        """Set when values of this checkpoint had already been written into the caller's template."""
         super().__init__(f"checkpoint {where} failed verification: {'; '.join(self.problems)}")
 
 

@@ -208,6 +208,10 @@ class CheckpointManager:
         checkpoint verifies and `upload_to` is set, the newest complete one in the store is
         downloaded, verified and committed locally first. `template` (this rank's state dict) makes
         DCP reshard into its layout; without one a single process gets the whole state dict.
+
+        A checkpoint found damaged while it is read may have written some of its values into `template`
+        before the mismatch showed; the older checkpoint loaded next overwrites every key. If no
+        checkpoint loads after that, CorruptCheckpointError (`partial_template` set) is raised, not None.
         """
         self._check_open()
         self.wait()
@@ -220,7 +224,13 @@ class CheckpointManager:
         return step, self._read(step, template)
 
     def load(self, step: int, template: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Load checkpoint `step` (verified first when `verify_on_load`)."""
+        """Load checkpoint `step`, verified against its manifest when `verify_on_load`.
+
+        In one process the files are checked while they are read: if this raises CorruptCheckpointError,
+        `template` may already hold some values of the damaged checkpoint (`error.partial_template`); the
+        exception is the signal, and the template must be loaded again or re-initialised. With several
+        ranks, rank 0 verifies the whole checkpoint first and the template is untouched on failure.
+        """
         self._check_open()
         self.wait()
         path = self.root / step_dirname(step)
@@ -427,11 +437,15 @@ class CheckpointManager:
         return self._restore_from_store()
 
     def _load_latest_verifying(self, template: dict[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
-        """One process: the newest checkpoint that verifies, checked while it is read (each file read once).
+        """One process: the newest checkpoint that verifies, checked while it is read (each byte read once).
 
-        Sizes and presence are checked first; then every file is read into memory and its checksum
-        compared before any value is used, so a damaged checkpoint is skipped with `template` untouched.
+        Presence and sizes are checked first; then every file is hashed as it is read, and a mismatch
+        skips the checkpoint with a warning. Values of a damaged checkpoint may by then have been written
+        into `template`; the next checkpoint that loads overwrites every one of them (DCP fills every
+        key of the template or fails). If none loads after that happened, CorruptCheckpointError is
+        raised instead of returning None, so a partly written template is never mistaken for a fresh one.
         """
+        damaged: list[str] = []
         for step, path in reversed(self._local_dirs()):
             if not (path / MANIFEST_NAME).exists():
                 log.warning("checkpoint %s has no manifest (incomplete); skipped", path)
@@ -444,10 +458,18 @@ class CheckpointManager:
                 return step, self._read(step, template, report.manifest.files)
             except CorruptCheckpointError as error:
                 log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(error.problems))
+                if error.partial_template:
+                    damaged.extend(error.problems)
         restored = self._restore_from_store()  # verified in full after the download
-        if restored is None:
-            return None
-        return restored, self._read(restored, template)
+        if restored is not None:
+            return restored, self._read(restored, template)
+        if damaged:
+            failure = CorruptCheckpointError(str(self.root), [
+                *damaged, "no intact checkpoint is left, and the template was partly overwritten by a damaged "
+                          "one: re-initialise it before training from scratch"])
+            failure.partial_template = True
+            raise failure
+        return None
 
     def _read(self, step: int, template: dict[str, Any] | None,
               expected: dict[str, FileEntry] | None = None) -> dict[str, Any]:
