@@ -135,7 +135,8 @@ def read_verified(path: Path, expected: FileEntry, *, keep: bool = True) -> memo
 
     Raises CorruptCheckpointError naming the file when it is missing, of another size, or damaged. With
     `keep` the bytes are returned (exactly the bytes that were checked); without, the file is streamed
-    through one reused buffer and nothing is kept (the pages stay in the OS page cache for the load).
+    through one reused buffer and nothing is kept (used to tell damage from a bug when deserializing
+    a shard failed before its checksum was known).
     """
     where, name = str(path.parent), path.name
     try:
