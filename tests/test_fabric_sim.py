@@ -131,7 +131,8 @@ GRID_1_1 = list(itertools.product(
     ["ndr400", "roce200"], ["fat-tree", "rail-optimized", "leaf-spine"], [32, 256], [2**28, GIB],
     ["block", "scatter"], ["all-reduce", "all-gather", "all-to-all"], [8, 1]))
 GRID_OS = list(itertools.product(
-    ["ndr400", "roce200"], ["fat-tree"], [2.0, 4.0], [256], [GIB], ["block"], ["all-gather", "all-to-all"], [8, 1]))
+    ["ndr400", "roce200"], ["fat-tree", "rail-optimized", "leaf-spine"], [2.0, 4.0], [32, 256], [2**28, GIB],
+    ["block"], ["all-reduce", "all-gather", "all-to-all"], [8, 1]))
 
 
 def _cross_check(net: str, kind: str, os: float, gpus: int, size: int, placement: str, op: str,

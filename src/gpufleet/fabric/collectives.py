@@ -90,21 +90,22 @@ def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
     return max(1.0, os / span.nodes_per_leaf)
 
 
-#: How much of a double binary tree's time grows with the spine's oversubscription under block
-#: placement: its lower levels pair neighbouring nodes (same leaf), its upper levels span leaves.
-#: slowdown = 1 + (os - 1) · share · (1 - nodes per leaf / nodes). The share is taken from the flow
-#: simulator (256 H100 on NDR400: tree busbw 373 / 268 / 189 GB/s at 1:1 / 2:1 / 4:1), a second
-#: method, not a measured run; tests/test_fabric_sim.py cross-checks the two.
-TREE_CROSS_LEAF_SHARE = 0.4
+#: Flows of NCCL's double binary tree that leave a contiguous block of nodes, per channel: each tree
+#: cuts a block of consecutive ranks on a couple of edges (the link to its parent subtree and part of
+#: a sibling link), the two trees together on about 3.5. A leaf's uplinks carry those flows with
+#: 1/oversubscription of the bandwidth its m nodes have below it, so the tree slows by
+#: max(1, 3.5 · os / m). The count is calibrated against the flow simulator (a second method, not a
+#: measured run); tests/test_fabric_sim.py holds the two within 15 % on an oversubscribed grid.
+TREE_BOUNDARY_FLOWS = 3.5
 
 
 def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
     if span.leaves <= 1:
         return 1.0
-    crossing = TREE_CROSS_LEAF_SHARE * (1.0 - span.nodes_per_leaf / span.nodes)
-    if not span.contiguous:
-        crossing = 1.0 - 1.0 / span.leaves
-    return 1.0 + (cluster.fabric.oversubscription - 1.0) * crossing
+    os = cluster.fabric.oversubscription
+    if not span.contiguous:  # consecutive ranks alternate leaves: most tree edges cross the spine
+        return max(1.0, os * (1.0 - 1.0 / span.leaves))
+    return max(1.0, TREE_BOUNDARY_FLOWS * os / span.nodes_per_leaf)
 
 
 def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
