@@ -50,16 +50,16 @@ def describe_validation_error(error: ValidationError) -> str:
     return f"{location}: {first['msg']}"
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse one YAML file; a syntax error becomes a one-line CatalogError."""
+def read_yaml(path: Path, what: str = "catalog file") -> Any:
+    """Parse one YAML file; a missing file or a syntax error becomes a one-line CatalogError."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as error:
-        raise CatalogError(f"cannot read catalog file {path}: {error.strerror}") from error
+        raise CatalogError(f"cannot read {what} {path}: {error.strerror}") from error
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise CatalogError(f"catalog file {path}{where} is not valid YAML") from error
+        raise CatalogError(f"{what} {path}{where} is not valid YAML") from error
 
 
 def _builtin_files() -> list[Path]:

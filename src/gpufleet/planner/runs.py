@@ -110,7 +110,7 @@ def shipped_runs_path(name: str = "published_runs.yaml") -> Path:
 def load_runs(path: Path | None = None) -> list[PublishedRun]:
     """Validate a run file (default: the shipped published runs); one-line CatalogError on bad input."""
     path = path or shipped_runs_path()
-    document = read_yaml(path)
+    document = read_yaml(path, "run file")
     if not isinstance(document, list):
         raise CatalogError(f"run file {path} must be a YAML list of runs (see RUNS.md)")
     runs = []
