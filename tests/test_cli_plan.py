@@ -109,3 +109,19 @@ def test_sweep_plot(tmp_path: object) -> None:
     assert done.returncode == 0, done.stderr
     text = target.read_text()
     assert "llama3-8b on h100-sxm" in text and "<td>8</td>" in text and "<td>16</td>" in text
+
+
+def test_budget_keeps_plans_within_it_or_says_the_cheapest() -> None:
+    done = gpufleet("plan", "-n", "32", "--top", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    plans = json.loads(done.stdout)["plans"]
+    cheapest = [min(o["usd"] for o in p["cost"]["offers"]) for p in plans]
+    budget = sorted(cheapest)[1]  # admits some plans, not necessarily all
+    within = gpufleet("plan", "-n", "32", "--top", "3", "--budget", str(budget), "--json")
+    assert within.returncode == 0, within.stderr
+    kept = json.loads(within.stdout)["plans"]
+    assert kept and all(min(o["usd"] for o in p["cost"]["offers"]) <= budget for p in kept)
+    assert [p["time_to_train_s"] for p in kept] == sorted(p["time_to_train_s"] for p in kept)
+    broke = gpufleet("plan", "-n", "32", "--budget", "1")
+    assert broke.returncode == 1
+    assert "budget" in broke.stderr and len(broke.stderr.strip().splitlines()) == 1
