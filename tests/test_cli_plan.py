@@ -147,3 +147,18 @@ def test_a_user_calibration_profile_replaces_the_built_in_one(tmp_path: object) 
     # Tensor-core kernels at 1/0.87 of their default speed: the step shrinks, by at most 13 %.
     assert faster["step_s"] < base["step_s"]
     assert faster["step_s"] >= base["step_s"] * 0.87 * 0.999
+
+
+def test_html_report(tmp_path: object) -> None:
+    from pathlib import Path
+
+    target = Path(str(tmp_path)) / "plan.html"
+    done = gpufleet("plan", "-n", "16", "--top", "2", "--html", str(target), "--json")
+    assert done.returncode == 0, done.stderr
+    plans = json.loads(done.stdout)["plans"]
+    page = target.read_text()
+    assert page.startswith("<!doctype html>")
+    for plan in plans:
+        assert plan["layout"]["label"] in page
+    assert page.count("<svg") == len(plans)
+    assert "compute.gemm" in page

@@ -17,6 +17,7 @@ from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
+from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import write_series_plot
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
 
@@ -156,6 +157,8 @@ def register(app: typer.Typer) -> None:
         deadline: str = typer.Option(None, "--deadline",
                                      help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
         budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
+        html_report: Path = typer.Option(None, "--html", help="Also write an HTML report (ranked table and a "
+                                         "bar of where each plan's step time goes) to FILE."),
         plot: Path = typer.Option(None, "--plot", help="With a GPU-count sweep: write tokens/s per GPU and "
                                   "time-to-train against GPUs to FILE.png (or FILE.html)."),
         fabric_model: str = typer.Option("analytical", "--fabric-model",
@@ -200,11 +203,12 @@ def register(app: typer.Typer) -> None:
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model))
         if len(counts) == 1 and deadline_s is None:
             result = make_plan(base, cat)
-            _emit_single(out, result, explain, budget, top)
+            _emit_single(out, result, explain, budget, top, html_report)
             return
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
 
-    def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int) -> None:
+    def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int,
+                     html_report: Path | None = None) -> None:
         if budget is not None:
             within = [p for p in result.plans if p.cheapest_usd is not None and p.cheapest_usd <= budget]
             if not within:
@@ -216,6 +220,12 @@ def register(app: typer.Typer) -> None:
         shown = result.plans[:top]
         data = result_to_dict(result)
         data["plans"] = [plan_to_dict(p, result) for p in shown]
+        if html_report is not None:
+            try:
+                html_report.write_text(plan_report_html(data), encoding="utf-8")
+            except OSError as error:
+                raise InputError(f"cannot write {html_report}: {error.strerror}") from error
+            data["html"] = str(html_report)
 
         def render(console: Console) -> None:
             view = PlanResult(result.request, result.job, result.cluster, result.search, shown)
