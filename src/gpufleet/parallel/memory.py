@@ -248,27 +248,15 @@ def stage_memory(
     inflight = inflight_microbatches(layout, stage, m)
     per_mb = 0.0
     worst_layer = 0.0
-    if n_dense:
-        dense_terms = _terms(model, tp, False, a.flash_attention, a.dropout)
-        one = layer_bytes(
-            dense_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute
-        )
-        per_mb += n_dense * one
-        if layout.recompute == "full":
-            worst_layer = layer_bytes(
-                dense_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none"
-            )
-    if n_moe:
-        moe_terms = _terms(model, tp, True, a.flash_attention, a.dropout)
-        one = layer_bytes(
-            moe_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute
-        )
-        per_mb += n_moe * one
-        if layout.recompute == "full":
-            worst_layer = max(
-                worst_layer,
-                layer_bytes(moe_terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none"),
-            )
+    for count, moe_layer in ((n_dense, False), (n_moe, True)):
+        if not count:
+            continue
+        terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout)
+        per_mb += count * layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb,
+                                      recompute=layout.recompute)
+        if layout.recompute == "full":  # the layer being recomputed holds its full activations
+            worst_layer = max(worst_layer, layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb,
+                                                       recompute="none"))
     activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
     if first:
         held = min(layout.pp, m) if layout.pp > 1 else 1
