@@ -33,6 +33,7 @@ from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpoin
 from gpufleet.runtime.checkpoint.manifest import FileEntry
 from gpufleet.runtime.checkpoint.streamread import (
     FileSweep,
+    ReadOnlyView,
     describe_tensor,
     native_byteorder,
     tensor_bytes,
@@ -100,27 +101,12 @@ class SafeReader(dcp.FileSystemReader):
         return metadata
 
 
-class _MemoryFile(io.RawIOBase):
+class _MemoryFile(ReadOnlyView):
     """A read-only, seekable file over a slice of bytes already in memory (no copy)."""
 
     def __init__(self, view: memoryview) -> None:
-        super().__init__()
+        super().__init__(len(view))
         self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")

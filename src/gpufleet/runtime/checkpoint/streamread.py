@@ -117,12 +117,12 @@ class FileSweep:
                                          [f"{self.name}: checksum mismatch (bit rot or a partial overwrite)"])
 
 
-class _PreadView(io.RawIOBase):
-    """A seekable, read-only view of `length` bytes at `base` in a FileSweep's file (via pread)."""
+class ReadOnlyView(io.RawIOBase):
+    """A read-only, seekable file of `length` bytes; subclasses say where the bytes come from (readinto)."""
 
-    def __init__(self, sweep: FileSweep, base: int, length: int) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self._sweep, self._base, self._length, self._pos = sweep, base, length, 0
+        self._length, self._pos = length, 0
 
     def readable(self) -> bool:
         return True
@@ -137,6 +137,14 @@ class _PreadView(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
         self._pos = max(0, base + offset)
         return self._pos
+
+
+class _PreadView(ReadOnlyView):
+    """A seekable, read-only view of `length` bytes at `base` in a FileSweep's file (via pread)."""
+
+    def __init__(self, sweep: FileSweep, base: int, length: int) -> None:
+        super().__init__(length)
+        self._sweep, self._base = sweep, base
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
