@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from clirun import run_gpufleet
 from gpufleet.catalog.registry import ENV_VAR
-
-
-def gpufleet(*args: str, env_catalog: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != ENV_VAR}
-    if env_catalog is not None:
-        env[ENV_VAR] = env_catalog
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet.cli.main", *args],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -129,3 +118,7 @@ def test_catalog_option_overrides_a_builtin_entry(tmp_path: Path) -> None:
     user = _my_model(tmp_path / "mine.yaml", "llama3-8b")
     data = json.loads(gpufleet("catalog", "show", "llama3-8b", "--json", "--catalog", str(user)).stdout)
     assert data["name"] == "My 1B"
+
+
+def gpufleet(*args: str, env_catalog: str | None = None) -> subprocess.CompletedProcess[str]:
+    return run_gpufleet(*args, env={ENV_VAR: env_catalog} if env_catalog is not None else None)

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpufleet.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+from clirun import run_gpufleet as gpufleet
 
 
 def test_cost_of_a_plan(tmp_path: Path) -> None:

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "GPUFLEET_CATALOG"}
-    environment.update(env or {})
-    return subprocess.run([GPUFLEET, *args], capture_output=True, text=True, timeout=120, env=environment)
+from clirun import run_gpufleet as run
 
 
 def run_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gpufleet.catalog.registry import ENV_VAR
+from clirun import run_gpufleet as gpufleet
 
 KINDS = {"weights", "gradients", "optimizer", "activations", "buffers", "overhead"}
 BASE = ("memory", "--model", "llama3-8b", "--gpu", "h100-sxm")
 
-
-def _entry_point() -> list[str]:
-    script = Path(sys.executable).parent / "gpufleet"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpufleet")
-    return [found] if found else [sys.executable, "-m", "gpufleet.cli.main"]
-
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != ENV_VAR}
-    env["COLUMNS"] = "160"
-    return subprocess.run(
-        [*_entry_point(), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpufleet.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+from clirun import run_gpufleet as gpufleet
 
 
 def test_default_plan_runs_and_ranks_by_time_to_train() -> None:

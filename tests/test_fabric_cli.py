@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpufleet.cli.main", *args], capture_output=True, text=True,
-                          timeout=120, check=False)
+from clirun import run_gpufleet as run
 
 
 def test_build_json_matches_superpod_two_su() -> None:
