@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from gpufleet.catalog.registry import load_catalog
-from gpufleet.planner.plan import PlanRequest, build_cluster, build_job, calibration_for
+from gpufleet.planner.plan import PlanRequest, build_cluster, build_job
 from gpufleet.planner.search import search
 
 
@@ -19,7 +19,7 @@ def main() -> None:
     request = PlanRequest(model="llama3-405b", tokens=15e12, gpu="h100-sxm", gpus=16384, seq_len=8192,
                           global_batch=2048)
     job, cluster = build_job(request, catalog), build_cluster(request, catalog)
-    calibration = calibration_for(catalog, cluster.gpu.id)
+    calibration = catalog.calibration(cluster.gpu.id)
     search(job, cluster, calibration)  # warm caches (imports, catalog)
     runs = []
     for _ in range(3):

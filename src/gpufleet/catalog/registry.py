@@ -25,7 +25,7 @@ from gpufleet.errors import CatalogError, UnknownNameError
 
 ENV_VAR = "GPUFLEET_CATALOG"
 
-#: kind name -> record type. Other packages' record kinds register here (see `register_kind`).
+#: kind name -> record type (economics kinds come from catalog.economics_records).
 KINDS: dict[str, type[Record]] = {
     "gpus": GPUSpec,
     "nodes": NodeSpec,
@@ -36,11 +36,6 @@ KINDS: dict[str, type[Record]] = {
 }
 
 R = TypeVar("R", bound=Record)
-
-
-def register_kind(kind: str, record_type: type[Record]) -> None:
-    """Let a module add a kind of catalog record (e.g. prices) without editing this file's table."""
-    KINDS.setdefault(kind, record_type)
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -155,6 +150,10 @@ class Catalog:
 
     def model(self, name: str) -> ModelSpec:
         return self.get("models", name, ModelSpec)
+
+    def calibration(self, gpu_id: str) -> CalibrationProfile:
+        """The GPU's calibration profile (a user profile with the same id overrides the built-in one)."""
+        return self.get("calibrations", gpu_id, CalibrationProfile)
 
     def node_for_gpu(self, gpu_id: str) -> NodeSpec:
         """The catalog's default node for a GPU (the first node record that holds it)."""

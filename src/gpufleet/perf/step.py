@@ -8,7 +8,7 @@ backward could not hide + the optimizer update + a fixed per-step overhead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
@@ -69,7 +69,6 @@ class StepEstimate:
     peak_flops: float
     bubble_fraction: float
     micro_batches: int
-    notes: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run import RunEconomics, run_economics
@@ -104,11 +103,6 @@ def build_job(request: PlanRequest, catalog: Catalog) -> Job:
                precision=request.precision)
 
 
-def calibration_for(catalog: Catalog, gpu_id: str) -> CalibrationProfile:
-    """The GPU's calibration profile (a user profile with the same id overrides the built-in one)."""
-    return catalog.get("calibrations", gpu_id, CalibrationProfile)
-
-
 def make_plan(request: PlanRequest, catalog: Catalog,
               progress: Callable[[int], None] | None = None) -> PlanResult:
     """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits."""
@@ -118,7 +112,7 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     job = build_job(request, catalog)
     gpu = cluster.gpu
     gpu.peak_flops(job.precision)  # fail early on an unsupported precision
-    calibration = calibration_for(catalog, gpu.id)
+    calibration = catalog.calibration(gpu.id)
     found = search(job, cluster, calibration, space=SearchSpace(), options=request.options, progress=progress)
     if not found.feasible:
         raise InfeasibleError(describe_no_fit(found, cluster))

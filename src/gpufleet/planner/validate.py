@@ -53,10 +53,6 @@ class RunPrediction:
         }
 
 
-def calibration_for(catalog: Catalog, gpu_id: str) -> CalibrationProfile:
-    return catalog.get("calibrations", gpu_id, CalibrationProfile)
-
-
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
                 node_id: str | None = None) -> RunPrediction:
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by the planner."""
@@ -72,7 +68,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
     try:
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
-        calibration = calibration_for(catalog, cluster.gpu.id)
+        calibration = catalog.calibration(cluster.gpu.id)
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
