@@ -16,7 +16,7 @@ from gpufleet.errors import InputError
 from gpufleet.fabric.bom import bill_of_materials
 from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
 from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph
-from gpufleet.fabric.placement import GroupSpan, Placement
+from gpufleet.fabric.placement import GroupSpan, Placement, span_over_nodes
 from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
 from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, simulate_collective
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
@@ -41,15 +41,7 @@ def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network
 
 def block_span(cluster: Cluster, placement: Placement) -> GroupSpan:
     """The span of a group of every GPU of `cluster`, as placement.group_span would give it."""
-    per_node = cluster.gpus_per_node
-    nodes = cluster.num_nodes
-    leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
-    if nodes == 1:
-        return GroupSpan(cluster.gpus, per_node, 1, 1, 1)
-    leaves = math.ceil(nodes / leaf_nodes)
-    if placement == "scatter":
-        return GroupSpan(cluster.gpus, per_node, nodes, math.ceil(nodes / leaves), leaves, contiguous=leaves <= 1)
-    return GroupSpan(cluster.gpus, per_node, nodes, min(nodes, leaf_nodes), leaves)
+    return span_over_nodes(cluster.gpus, cluster.gpus_per_node, cluster.num_nodes, cluster, placement)
 
 
 def _simulate_one(op: Op, size: float, cluster: Cluster, placement: Placement, algorithm: Algorithm,

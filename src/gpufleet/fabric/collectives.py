@@ -12,8 +12,8 @@ group gets is the bottleneck of the links its ring really crosses:
 * across leaves: a leaf's uplinks carry 1/oversubscription of its down bandwidth. A ring crosses a
   leaf boundary once per leaf, so a group with m of its nodes under each leaf loads the uplinks
   os/m times their share: it slows down by max(1, os/m). When consecutive ranks' nodes sit under
-  different leaves (scatter placement, `GroupSpan.contiguous` False) every inter-node ring hop crosses,
-  and the m nodes' traffic shares the uplinks of a full leaf of L nodes: max(1, os·m/L) (the
+  different leaves (scatter placement, `GroupSpan.contiguous` False) the hops that leave a leaf, c of
+  them, share the uplinks of a full leaf of L nodes: max(1, os·c/L) (the
   flow-level simulator showed the old os/m was optimistic by up to os×). Uniform traffic (all-to-all)
   sends a fraction 1 - m/nodes of its bytes across, slowing by max(1, os · that fraction), in any order.
 Latency: α per ring step (scale-up step latency inside a node; NIC + switch hops between nodes);
@@ -85,8 +85,8 @@ def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
     if op == "all-to-all":
         crossing = 1.0 - span.nodes_per_leaf / span.nodes
         return max(1.0, os * crossing)
-    if not span.contiguous:  # every hop of the group's nodes crosses; a full leaf's uplinks share the load
-        return max(1.0, os * span.nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
+    if not span.contiguous:  # the hops that leave the busiest leaf share a full leaf's uplinks
+        return max(1.0, os * span.crossing_nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
     return max(1.0, os / span.nodes_per_leaf)
 
 
@@ -103,8 +103,8 @@ def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
     if span.leaves <= 1:
         return 1.0
     os = cluster.fabric.oversubscription
-    if not span.contiguous:  # consecutive ranks alternate leaves: most tree edges cross the spine
-        return max(1.0, os * (1.0 - 1.0 / span.leaves))
+    if not span.contiguous:  # ranks alternate leaves: the busiest leaf's tree edges all cross, as a ring's do
+        return _cross_leaf_slowdown(cluster, span, "all-reduce")
     return max(1.0, TREE_BOUNDARY_FLOWS * os / span.nodes_per_leaf)
 
 

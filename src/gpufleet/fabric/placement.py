@@ -28,6 +28,8 @@ class GroupSpan:
     nodes_per_leaf: int  # of the group's nodes, how many share one leaf switch
     leaves: int  # leaf switches the group spans
     contiguous: bool = True  # consecutive ranks' nodes share a leaf (block); False: they alternate (scatter)
+    #: scatter only: ring hops that leave (and enter) the busiest leaf, min(c, nodes - c) for its c nodes
+    crossing_nodes_per_leaf: int = 0
 
     @property
     def intra_node(self) -> bool:
@@ -72,17 +74,47 @@ def group_span(layout: Layout, kind: GroupKind, cluster: Cluster, placement: Pla
     else:
         per_node = min(size, max(1, gpus_per_node // stride))
         node_stride = 1
-    nodes = math.ceil(size / per_node)
+    return span_over_nodes(size, per_node, math.ceil(size / per_node), cluster, placement, node_stride)
+
+
+def leaf_capacities(cluster: Cluster) -> list[int]:
+    """Nodes under each leaf as the cluster is cabled: full leaves in node order, the last one holds the rest."""
+    leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
+    full, rest = divmod(cluster.num_nodes, leaf_nodes)
+    return [leaf_nodes] * full + ([rest] if rest else [])
+
+
+def _dealt_over_leaves(nodes: int, capacities: list[int]) -> list[int]:
+    """Nodes per leaf when a topology-blind scheduler deals `nodes` out to the leaves in turn."""
+    counts: list[int] = []
+    remaining = nodes
+    ordered = sorted(capacities)
+    for index, capacity in enumerate(ordered):
+        take = min(capacity, math.ceil(remaining / (len(ordered) - index)))
+        if take > 0:
+            counts.append(take)
+        remaining -= take
+    return counts
+
+
+def span_over_nodes(size: int, per_node: int, nodes: int, cluster: Cluster, placement: Placement = "block",
+                    node_stride: int = 1) -> GroupSpan:
+    """The span of a group of `size` ranks, `per_node` on each of `nodes` nodes (every `node_stride`-th).
+
+    Block: nodes in order, so a leaf holds as many of the group's nodes as fit under it. Scatter: a
+    scheduler that ignored topology deals the nodes out to the cluster's leaves in turn, so ring
+    neighbours sit under different leaves; `crossing_nodes_per_leaf` counts the hops that leave the
+    busiest leaf (all of its nodes' hops, unless the other leaves run out of nodes first).
+    """
     leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
     if nodes == 1:
         return GroupSpan(size, per_node, 1, 1, 1)
     if placement == "scatter":
-        # A topology-blind scheduler: consecutive ranks of the ring sit under different leaves.
-        # The group's nodes still share leaves (as many per leaf as the cluster forces), but no two
-        # ring neighbours do: `contiguous=False` tells the cost model every hop crosses the spine.
-        total_leaves = max(1, math.ceil(cluster.num_nodes / leaf_nodes))
-        leaves = min(nodes, max(total_leaves, 2))
-        return GroupSpan(size, per_node, nodes, min(leaf_nodes, math.ceil(nodes / leaves)), leaves, contiguous=False)
+        counts = _dealt_over_leaves(nodes, leaf_capacities(cluster))
+        if len(counts) > 1:
+            crossing = max(min(count, nodes - count) for count in counts)
+            return GroupSpan(size, per_node, nodes, max(counts), len(counts), contiguous=False,
+                             crossing_nodes_per_leaf=crossing)
     group_nodes_per_leaf = max(1, min(nodes, leaf_nodes // node_stride))
     leaves = math.ceil(nodes / group_nodes_per_leaf)
     return GroupSpan(size, per_node, nodes, group_nodes_per_leaf, leaves)
