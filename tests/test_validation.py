@@ -95,5 +95,8 @@ def test_vtrain_ranking(vtrain: tuple[list, list]) -> None:
     assert groups["GPT 18.4B"]["spearman"] >= 0.75
     assert min(row["spearman"] for row in groups.values()) >= 0.6
     assert groups["GPT 3.6B"]["regret"] <= 0.02 and groups["GPT 175B"]["regret"] <= 0.02
+    # The table names layouts, not run ids: the 3.6B pick is the measured best, tp1 pp1 dp64 mb8.
+    assert groups["GPT 3.6B"]["pick_layout"] == groups["GPT 3.6B"]["measured_best_layout"]
+    assert groups["GPT 3.6B"]["pick_layout"].startswith("tp1 pp1 dp64 mb8")
     assert groups["GPT 39.1B"]["regret"] <= 0.02
     assert max(row["regret"] for row in groups.values()) <= 0.05

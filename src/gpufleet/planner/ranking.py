@@ -75,12 +75,18 @@ def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> d
             "runs": len(members),
             "spearman": spearman(predicted, measured),
             "measured_best": members[best_measured][0].id,
+            "measured_best_layout": _layout_text(members[best_measured][1]),
             "pick": members[pick][0].id,
+            "pick_layout": _layout_text(members[pick][1]),
             "regret": regret,
             "top3_overlap": len(top_measured & top_predicted) / 3,
             "median_abs_error": statistics.median(errors),
         })
     return {"groups": scored, "skipped_groups": skipped}
+
+
+def _layout_text(prediction: RunPrediction) -> str:
+    return prediction.layout.short() if prediction.layout else prediction.id
 
 
 def render_ranking(console: Console, ranking: dict[str, Any]) -> None:
@@ -89,8 +95,8 @@ def render_ranking(console: Console, ranking: dict[str, Any]) -> None:
         table.add_column(column)
     for row in ranking["groups"]:
         table.add_row(row["group"], str(row["runs"]), f"{row['spearman']:.2f}", f"{row['regret']:.1%}",
-                      f"{row['top3_overlap']:.0%}", f"{row['median_abs_error']:.1%}", row["measured_best"],
-                      row["pick"])
+                      f"{row['top3_overlap']:.0%}", f"{row['median_abs_error']:.1%}", row["measured_best_layout"],
+                      row["pick_layout"])
     console.print(table)
     if ranking["skipped_groups"]:
         console.print("groups with fewer than 4 runs (not scored): " + ", ".join(
