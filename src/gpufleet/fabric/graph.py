@@ -8,9 +8,11 @@ Builders (the `Fabric.kind` of a `Cluster` picks one):
 
 * **fat-tree**: leaves take whole nodes (`Fabric.nodes_under_leaf`); every leaf is cabled as a full
   one: ceil(p / oversubscription) uplinks for the p node-facing ports of a full leaf. Up to `radix`
-  leaves: two tiers, every leaf spreads its uplinks round-robin
-  over ceil(uplinks / radix) spines (parallel links where a spine has ports to
-  spare, as in NVIDIA's SuperPOD). Beyond: three tiers (Al-Fares): pods of radix·s/(1+s) leaves (s = the
+  leaves: two tiers, every leaf spreads its uplinks round-robin over the fewest spines (at least
+  ceil(uplinks / radix)) that divide a leaf's uplinks evenly, so every leaf has the same number of
+  parallel links to every spine, as in NVIDIA's SuperPOD. (An uneven spread, 20 uplinks over 9
+  spines, left some spine-to-leaf bundles 1.5x as loaded as others under all-to-all traffic.)
+  Beyond: three tiers (Al-Fares): pods of radix·s/(1+s) leaves (s = the
   spine tier's oversubscription), one aggregation switch per leaf uplink index, core groups per index.
 * **leaf-spine**: the same two tiers; more leaves than the radix is an error.
 * **rail-optimized**: SuperPOD scalable units: NIC i of every node of a unit goes to the unit's leaf i,
@@ -298,6 +300,12 @@ def _spread(b: _Builder, lower: IntArray, up_counts: IntArray, upper: IntArray, 
     b.add_both(lower[owners], target, cap, hop, hop, tier_up, tier_down)
 
 
+def _even_spine_count(total_uplinks: int, leaf_uplinks: int, radix: int) -> int:
+    """Fewest spines, with ports for every uplink, that take an equal share of each full leaf's uplinks."""
+    fewest = max(1, math.ceil(total_uplinks / radix))
+    return next((d for d in range(fewest, leaf_uplinks + 1) if leaf_uplinks % d == 0), fewest)
+
+
 def _add_upper_tiers(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: IntArray, cap: float,
                      hop: float) -> IntArray:
     fabric = cluster.fabric
@@ -307,7 +315,7 @@ def _add_upper_tiers(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: I
     if fabric.kind == "dragonfly+":
         return _add_dragonfly(b, cluster, leaves, uplinks, cap, hop)
     if n_leaves <= radix:
-        spines = b.add_vertices(SPINE, max(1, math.ceil(int(uplinks.sum()) / radix)))
+        spines = b.add_vertices(SPINE, _even_spine_count(int(uplinks.sum()), int(uplinks.max()), radix))
         _spread(b, leaves, uplinks, spines, cap, hop, "leaf-spine", "spine-leaf")
         return spines
     if fabric.kind == "leaf-spine":
