@@ -118,6 +118,11 @@ def main() -> None:
         "  account for most of the 39.1B rank disagreement.",
         "* Fitted per group, the measured pipeline bubble costs 0.6–0.8 of the (pp−1)/m share the 1F1B",
         "  model charges, but the fit is confounded with the micro-batch effect above.",
+        "* Tried and rejected, because they made the ranking worse: DeepSpeed-style pipeline sends of the",
+        "  full activation from every tp rank (no scatter-gather): 39.1B ρ 0.65 → 0.60, 175B 0.92 → 0.89;",
+        "  GEMM wave quantization (128×256 tiles over 108 SMs): 18.4B ρ 0.79 → 0.69 and its regret",
+        "  4.5 % → 14 %. A per-micro-batch overhead, a bubble scale and a tp-communication scale fitted",
+        "  per group came out with inconsistent signs across the four groups.",
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
