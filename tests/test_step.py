@@ -39,6 +39,23 @@ def test_gemm_time_at_a_given_efficiency_by_hand() -> None:
     assert math.isclose(expected, 2.480e-4, rel_tol=2e-3)
 
 
+def test_first_generation_flash_attention_by_hand() -> None:
+    # Llama 3 8B layer, tp 1, one sequence of 8192: causal score FLOPs 4·s·(q width)/2 per token =
+    # 2·8192·4096 = 67.1 MFLOP; forward at 989.4 TFLOP/s x 0.33 (FA2 class) x 0.87 (in a step), backward
+    # 2.5x. FlashAttention-1 kernels run at 0.325/0.615 of that (FA2 paper: 25-40 % vs 50-73 % of peak).
+    from gpufleet.perf.compute import layer_compute
+
+    layout = Layout(micro_batch=1)
+    flops = 8192 * 2 * 8192 * 4096
+    fa2 = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
+    assert math.isclose(fa2.attention_fwd_s, flops / (989.4e12 * 0.33 * 0.87), rel_tol=1e-9)
+    fa1_cal = CAL.model_copy(update={"attention_kernel": "flash-v1"})
+    fa1 = layer_compute(LLAMA8, layout, H100, fa1_cal, seq_len=8192, precision="bf16", moe_layer=False)
+    assert math.isclose(fa1.attention_fwd_s, fa2.attention_fwd_s * 0.615 / 0.325, rel_tol=1e-9)
+    assert math.isclose(fa1.attention_bwd_s, 2.5 * fa1.attention_fwd_s, rel_tol=1e-9)
+    assert fa1.gemm_fwd_s == fa2.gemm_fwd_s
+
+
 def test_1f1b_bubble_and_interleaving() -> None:
     # pp=4 inside one node (p2p over NVLink is negligible); the bubble is (pp-1)/vpp mean stage times,
     # so its share of the pipeline is (pp-1)/(m+pp-1) for uniform stages. A tiny vocabulary keeps the

@@ -17,7 +17,7 @@ from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.ranking import rank_groups, spearman
-from gpufleet.planner.runs import load_runs, shipped_runs_path
+from gpufleet.planner.runs import cited_years, load_runs, run_calibration, shipped_runs_path
 from gpufleet.planner.validate import predict_run, summarize
 
 DATA = Path(__file__).parent / "data"
@@ -45,14 +45,43 @@ def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: di
 
 
 def test_published_accuracy(published: dict[str, object]) -> None:
-    # Issue targets: high+medium median <= 10 % (met: 7.0 %), all runs median <= 15 % (met: 10.4 %);
-    # worst high+medium <= 25 % is not met (Qwen3-30B-A3B +71 %, MPT-1B +28 %, MPT-13B at 32k +27 %).
-    high_medium = published["high+medium"]
-    everything = published["all"]
-    assert isinstance(high_medium, dict) and isinstance(everything, dict)
+    # Issue targets: high+medium median <= 10 % (met: 6.7 %), all runs median <= 15 % (met: 9.5 %);
+    # worst high+medium <= 25 %: every high-quality run is within 23 %, but one medium run is not
+    # (Qwen3-30B-A3B, +71 %).
+    high, high_medium, everything = published["high"], published["high+medium"], published["all"]
+    assert isinstance(high, dict) and isinstance(high_medium, dict) and isinstance(everything, dict)
     assert high_medium["median_abs_error"] <= 0.10
     assert everything["median_abs_error"] <= 0.15
+    assert high["worst_abs_error"] <= 0.25
     assert high_medium["worst_abs_error"] <= 0.80
+
+
+def test_each_run_gets_the_attention_kernel_its_stack_used() -> None:
+    # llm-foundry's benchmark sweep ran attn_impl=triton (FlashAttention-1 in Triton); Megatron-LM 2021
+    # (PTD-P), BLOOM and every source that cites nothing after 2022 predate flash attention; the rest
+    # keep the calibration's FA2-class kernel, and a user profile that says materialized stays so.
+    catalog = load_catalog()
+    runs = {run.id: run for run in load_runs()}
+    kernel = {run_id: run_calibration(run, catalog, "h100-sxm").attention_kernel for run_id, run in runs.items()}
+    assert kernel["mpt-7b-h100-8gpu-s2048-bf16"] == "flash-v1"
+    assert kernel["bloom-176b-384gpu"] == "materialized"
+    assert {kernel[r] for r in runs if r.startswith("narayanan")} <= {"materialized"}
+    assert kernel["deepseek-v3-2048xh800"] == "flash"
+    assert all(kernel[r] == "flash" for r in runs if r.startswith(("torchtitan", "mcore", "mbridge")))
+    vtrain_catalog = load_catalog([DATA / "vtrain_cluster.yaml"])
+    mpt = runs["mpt-7b-h100-8gpu-s2048-bf16"]
+    assert run_calibration(mpt, vtrain_catalog, "a100-sxm-80gb").attention_kernel == "materialized"
+
+
+@pytest.mark.parametrize(("source", "years"), [
+    ("Smith et al. 2022, MT-NLG 530B (arXiv 2201.11990) Sec. 2.4", [2022, 2022]),
+    ("Korthikanti et al. 2022 (MLSys'23), abstract", [2022]),
+    ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", []),
+    ("benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", [2025]),
+    ("NVIDIA-NeMo/Megatron-Bridge docs @067f987d, 25.11 NeMo Container", []),
+])
+def test_cited_years(source: str, years: list[int]) -> None:
+    assert cited_years(source) == years
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from pydantic import Field
 
 from gpufleet.catalog.records import Record
 
+AttentionKernel = Literal["flash", "flash-v1", "materialized"]
+
 
 class CalibrationProfile(Record):
     """Achievable fractions of a GPU's peaks; `id` is the GPU id it calibrates."""
@@ -25,8 +27,10 @@ class CalibrationProfile(Record):
         description="tensor-core kernels (GEMMs, fused attention) inside a training step / the same kernels "
         "in an isolated benchmark (see data/calibration.yaml)",
     )
-    attention_kernel: Literal["flash", "materialized"] = Field(
-        default="flash", description="flash (fused, FlashAttention/cuDNN) or materialized (s×s scores in HBM)"
+    attention_kernel: AttentionKernel = Field(
+        default="flash",
+        description="flash (fused, FlashAttention-2/cuDNN class), flash-v1 (first-generation fused kernels: "
+        "FlashAttention-1, its Triton port) or materialized (s×s scores in HBM)",
     )
     gemm_half_dim: int = Field(
         default=128, ge=1, description="a GEMM dimension of this size runs at half efficiency (shape curve)"

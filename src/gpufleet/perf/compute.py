@@ -37,6 +37,10 @@ MOE_PERMUTE_PASSES_PER_COPY = 3
 FP8_CAST_ELEMENT_EQUIVALENTS = 1.5
 #: Flash attention backward FLOPs relative to forward (recomputes QK^T: 2.5x instead of 2x).
 ATTENTION_BACKWARD_RATIO = 2.5
+#: First-generation fused attention (FlashAttention-1 and its Triton port) relative to the FA2-class
+#: kernels `attention_fraction` describes: the FlashAttention-2 paper (Dao 2023, abstract) puts FA1 at
+#: 25-40 % of A100 peak and FA2 at 50-73 %; midpoints 0.325 / 0.615.
+FLASH_V1_RELATIVE_SPEED = 0.325 / 0.615
 #: Materialized (non-flash) attention, Megatron's fused scale-mask-softmax with attention dropout: bytes
 #: moved per score element. Forward: write QK^T (2), softmax read+write (4), dropout read+write+mask (5),
 #: AV reads the probabilities (2) = 13. Backward: write dP (2), dropout grad (5), softmax grad reads P and
@@ -147,9 +151,11 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         ffn_width = f
 
     attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
-    if calibration.attention_kernel == "flash":
+    if calibration.attention_kernel in ("flash", "flash-v1"):
         # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
-        attention_s = attention_flops / (attn_peak * calibration.attention_fraction * calibration.in_training_fraction)
+        fraction = calibration.attention_fraction * (
+            FLASH_V1_RELATIVE_SPEED if calibration.attention_kernel == "flash-v1" else 1.0)
+        attention_s = attention_flops / (attn_peak * fraction * calibration.in_training_fraction)
         attention_bwd_s = ATTENTION_BACKWARD_RATIO * attention_s
     else:
         attention_s, attention_bwd_s = _materialized_attention_s(model, layout, calibration, attn_peak,

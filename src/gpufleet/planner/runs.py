@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
 from gpufleet.errors import CatalogError
@@ -195,3 +196,47 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
     node = node.model_copy(update=changes)
     network = catalog.network(node.default_network)
     return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
+
+
+#: Attention kernels of published stacks that differ from the calibration default (FlashAttention-2
+#: class), keyed by words of the run's `source`, with the reason.
+STACK_ATTENTION_KERNELS: tuple[tuple[str, AttentionKernel, str], ...] = (
+    ("llm-foundry", "flash-v1", "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
+                                "(scripts/train/benchmarking/submit_benchmarks.py)"),
+    ("ptd-p", "materialized", "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores"),
+    ("bigscience", "materialized", "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax"),
+)
+#: Runs whose source cites no year after this one predate fused flash attention in the stacks that
+#: trained them: FlashAttention appeared in May 2022; Megatron-LM and PyTorch adopted it in 2023.
+LAST_PRE_FLASH_YEAR = 2022
+_YEAR = re.compile(r"(?<!\d)(?:19|20)\d{2}(?!\d)")
+_ARXIV_ID = re.compile(r"\b(\d{2})(?:0[1-9]|1[0-2])\.\d{4,5}\b")
+
+
+def cited_years(source: str) -> list[int]:
+    """Years a citation names: four-digit years and the year of arXiv identifiers (YYMM.NNNNN)."""
+    years = [int(match) for match in _YEAR.findall(source)]
+    years += [2000 + int(match) for match in _ARXIV_ID.findall(source)]
+    return years
+
+
+def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:
+    """The attention kernel the run's stack is known to have used, when that is not FA2 class."""
+    source = run.source.lower()
+    for key, kernel, _reason in STACK_ATTENTION_KERNELS:
+        if key in source:
+            return kernel
+    years = cited_years(source)
+    if years and max(years) <= LAST_PRE_FLASH_YEAR:
+        return "materialized"
+    return None
+
+
+def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str) -> CalibrationProfile:
+    """The GPU's calibration, with the attention kernel the run's stack used (a user profile that
+    already says materialized or flash-v1 is kept)."""
+    calibration = catalog.calibration(gpu_id)
+    kernel = stack_attention_kernel(run)
+    if kernel is not None and calibration.attention_kernel == "flash":
+        return calibration.model_copy(update={"attention_kernel": kernel})
+    return calibration

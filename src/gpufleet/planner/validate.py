@@ -12,7 +12,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import PublishedRun, run_cluster, run_job
+from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -68,7 +68,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
     try:
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
-        calibration = catalog.calibration(cluster.gpu.id)
+        calibration = run_calibration(run, catalog, cluster.gpu.id)
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
