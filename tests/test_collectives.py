@@ -85,9 +85,11 @@ def test_scattered_ring_pays_the_spine_oversubscription() -> None:
     nic = 400e9 / 8 * 0.96
     # Block: 4 of the group's nodes per leaf -> uplinks carry 4:1 / 4 = no slowdown.
     assert math.isclose(t_block, 1e9 * 2 * 31 / 32 / nic, rel_tol=0.02)
-    # Scatter: the group's 4 nodes under each leaf all have their ring (and tree) neighbours under other
-    # leaves, so all 4 nodes' traffic shares the uplinks of a 4-node leaf at 4:1: a quarter of the NIC
-    # rate for ring and tree alike; NCCL takes the one with less latency.
+    # Scatter: nodes dealt out to the 8 leaves in turn. Every ring hop crosses: the 4 nodes' traffic shares
+    # the uplinks of a 4-node leaf at 4:1, a quarter of the NIC rate. NCCL's tree edges span 1, 2, 4, ...
+    # positions; only those of span 8 and 16 stay under one leaf, and they all sit under the root's leaf:
+    # every other leaf sends all its tree traffic across, so the tree is also 4x slower than the NIC
+    # (the flow simulator: ring 0.162 s, tree 0.167 s). NCCL takes the one with less latency.
     alpha = 5e-6 + 3 * 0.3e-6  # endpoint + leaf-spine-leaf hops
     ring = 1e9 * 2 * 31 / 32 / (nic / 4) + 2 * 31 * alpha
     tree = 1e9 * 2 * 31 / 32 / (nic / 4) + 2 * 5 * alpha

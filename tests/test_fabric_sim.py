@@ -15,6 +15,7 @@ from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph
 from gpufleet.fabric.placement import GroupSpan, span_over_nodes
 from gpufleet.fabric.simulate import max_min_rates, simulate_collective, simulate_ranks
 from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.fabric.trees import tree_crossing_node_equivalents
 
 GB = 1e9
 GIB = 2**30
@@ -166,15 +167,17 @@ def test_sim_agrees_with_analytical_with_oversubscription_and_scattered_nodes() 
     assert max(errors) <= 0.15
 
 
-#: 1,024 GPUs (128 nodes, two-tier and rail-optimized fabrics of 26 leaves or 4 scalable units): the
-#: cases that disagreed by 15-50 % before the simulated spines were cabled evenly. The full 1,024-GPU
-#: grid (both placements, 288 cases) takes ~20 minutes and is run by hand with the same helper.
+#: 1,024 GPUs (128 nodes, two-tier and rail-optimized fabrics of 26 leaves or 3 scalable units): the
+#: cases that disagreed by 15-50 % before the simulated spines were cabled evenly and before the tree's
+#: leaf crossings were counted edge by edge. The full 1,024-GPU grid (both placements, 288 cases) takes
+#: ~20 minutes and is run by hand with the same helper.
 GRID_1024 = [
     ("ndr400", "fat-tree", 4.0, 1024, GIB, "block", "all-to-all", 8),
     ("ndr400", "rail-optimized", 2.0, 1024, GIB, "block", "all-to-all", 1),
     ("ndr400", "fat-tree", 2.0, 1024, GIB, "block", "all-reduce", 8),
     ("roce200", "leaf-spine", 4.0, 1024, GIB, "block", "all-reduce", 8),
     ("roce200", "fat-tree", 4.0, 1024, GIB, "scatter", "all-gather", 8),
+    ("ndr400", "rail-optimized", 4.0, 1024, GIB, "scatter", "all-reduce", 8),  # tree over 51 + 51 + 26 nodes
 ]
 
 
@@ -195,3 +198,14 @@ def test_scatter_over_an_uneven_last_leaf_crosses_only_as_often_as_the_small_lea
     assert ring.bus_bytes_per_s == pytest.approx(nic / (4 * 7 / 25), rel=1e-9)
     sim = simulate_collective("all-gather", GIB, span, c, placement="scatter", routing="spray")
     assert sim.bus_bytes_per_s == pytest.approx(ring.bus_bytes_per_s, rel=0.15)
+
+
+def test_tree_crossing_counts_the_edges_that_leave_the_busiest_leaf() -> None:
+    # Two leaves, nodes alternating: NCCL's tree edges of span 1 cross, those of span 2, 4, ... do not.
+    # Of 15 edges per tree over 16 nodes, 8 have span 1 (odd ranks to their parent); each crossing edge
+    # has one end in each leaf: 8 per tree per leaf, 16 for both trees, a quarter of a ring hop each = 4
+    # nodes' worth, half of the 8 nodes a ring would send across.
+    alternating = np.array([i % 2 for i in range(16)], dtype=np.int64)
+    assert tree_crossing_node_equivalents(alternating) == 4.0
+    # One leaf: nothing crosses.
+    assert tree_crossing_node_equivalents(np.zeros(16, dtype=np.int64)) == 0.0

@@ -105,8 +105,8 @@ def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
     if span.leaves <= 1:
         return 1.0
     os = cluster.fabric.oversubscription
-    if not span.contiguous:  # ranks alternate leaves: the busiest leaf's tree edges all cross, as a ring's do
-        return _cross_leaf_slowdown(cluster, span, "all-reduce")
+    if not span.contiguous:  # ranks alternate leaves: the tree edges that leave the busiest leaf share its uplinks
+        return max(1.0, os * span.tree_crossing_nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
     return max(1.0, TREE_BOUNDARY_FLOWS * os / span.nodes_per_leaf)
 
 

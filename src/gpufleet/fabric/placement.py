@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
+import numpy as np
+
 from gpufleet.fabric.topology import Cluster
+from gpufleet.fabric.trees import tree_crossing_node_equivalents
 from gpufleet.parallel.layout import Layout
 
 GroupKind = Literal["tp", "cp", "dp", "dp_cp", "ep", "pp", "edp"]
@@ -30,6 +34,8 @@ class GroupSpan:
     contiguous: bool = True  # consecutive ranks' nodes share a leaf (block); False: they alternate (scatter)
     #: scatter only: ring hops that leave (and enter) the busiest leaf, min(c, nodes - c) for its c nodes
     crossing_nodes_per_leaf: int = 0
+    #: scatter only: NCCL double-binary-tree traffic that leaves the busiest leaf, in ring-hop units
+    tree_crossing_nodes_per_leaf: float = 0.0
 
     @property
     def intra_node(self) -> bool:
@@ -97,6 +103,13 @@ def _dealt_over_leaves(nodes: int, capacities: list[int]) -> list[int]:
     return counts
 
 
+@lru_cache(maxsize=256)
+def _scattered_tree_crossing(counts: tuple[int, ...]) -> float:
+    """Tree traffic leaving the busiest leaf when nodes are dealt out to leaves in turn (`counts` each)."""
+    leaf_of_position = [leaf for round_ in range(max(counts)) for leaf, count in enumerate(counts) if round_ < count]
+    return tree_crossing_node_equivalents(np.asarray(leaf_of_position, dtype=np.int64))
+
+
 def span_over_nodes(size: int, per_node: int, nodes: int, cluster: Cluster, placement: Placement = "block",
                     node_stride: int = 1) -> GroupSpan:
     """The span of a group of `size` ranks, `per_node` on each of `nodes` nodes (every `node_stride`-th).
@@ -114,7 +127,8 @@ def span_over_nodes(size: int, per_node: int, nodes: int, cluster: Cluster, plac
         if len(counts) > 1:
             crossing = max(min(count, nodes - count) for count in counts)
             return GroupSpan(size, per_node, nodes, max(counts), len(counts), contiguous=False,
-                             crossing_nodes_per_leaf=crossing)
+                             crossing_nodes_per_leaf=crossing,
+                             tree_crossing_nodes_per_leaf=_scattered_tree_crossing(tuple(counts)))
     group_nodes_per_leaf = max(1, min(nodes, leaf_nodes // node_stride))
     leaves = math.ceil(nodes / group_nodes_per_leaf)
     return GroupSpan(size, per_node, nodes, group_nodes_per_leaf, leaves)

@@ -40,6 +40,7 @@ from gpufleet.fabric.graph import TIERS, FabricGraph, FloatArray, IntArray, buil
 from gpufleet.fabric.placement import GroupSpan, Placement
 from gpufleet.fabric.routing import RoutingMode, route
 from gpufleet.fabric.topology import Cluster
+from gpufleet.fabric.trees import double_binary_tree
 
 Algorithm = Literal["auto", "ring", "tree", "hierarchical", "pairwise", "direct"]
 ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree", "hierarchical", "pairwise", "direct")
@@ -234,32 +235,6 @@ def _ring(graph: FabricGraph, op: Op, size: float, members: IntArray) -> list[Ph
     return [Phase(f"ring {op}", src, dst, np.full(len(src), chunk), steps, steps)]
 
 
-def _btree_parent(rank: IntArray, n: int) -> IntArray:
-    """NCCL's binary tree (ncclGetBtree): parent of each rank > 0; adjacent ranks are close in the tree."""
-    bit = rank & -rank
-    up = (rank ^ bit) | (bit << 1)
-    return np.where(up >= n, rank ^ bit, up)
-
-
-def _double_binary_tree(n: int) -> list[tuple[IntArray, IntArray]]:
-    """(child, parent) node positions of NCCL's two complementary trees (ncclGetDtree)."""
-    rank = np.arange(1, n, dtype=np.int64)
-    first = (rank, _btree_parent(rank, n))
-    if n % 2:  # odd: the second tree is the first shifted by one rank
-        def forward(x: IntArray) -> IntArray:
-            return (x - 1) % n
-
-        def back(x: IntArray) -> IntArray:
-            return (x + 1) % n
-    else:  # even: mirrored
-        def forward(x: IntArray) -> IntArray:
-            return n - 1 - x
-
-        back = forward
-    second = (back(rank), back(_btree_parent(rank, n)))
-    return [first, second]
-
-
 def _tree(graph: FabricGraph, size: float, members: IntArray) -> list[Phase]:
     m, k = members.shape
     if m == 1:
@@ -268,7 +243,7 @@ def _tree(graph: FabricGraph, size: float, members: IntArray) -> list[Phase]:
     dsts: list[IntArray] = []
     entries = _entries(graph, members)
     channels = len(entries)
-    trees = _double_binary_tree(m)
+    trees = double_binary_tree(m)
     for entry in entries:
         order = np.roll(members, -(entry + 1), axis=1)  # chain ends at the member on this channel's NIC
         chain_src, chain_dst = order[:, :-1].ravel(), order[:, 1:].ravel()
