@@ -13,7 +13,8 @@ group gets is the bottleneck of the links its ring really crosses:
   leaf boundary once per leaf, so a group with m of its nodes under each leaf loads the uplinks
   os/m times their share: it slows down by max(1, os/m). When consecutive ranks' nodes sit under
   different leaves (scatter placement, `GroupSpan.contiguous` False) the hops that leave a leaf, c of
-  them, share the uplinks of a full leaf of L nodes: max(1, os·c/L) (the
+  them, share the uplinks of a full leaf of L nodes: max(1, os·c/L); a tree is charged for the edges
+  of NCCL's double binary tree that leave the busiest leaf (`GroupSpan.tree_crossing_nodes_per_leaf`) (the
   flow-level simulator showed the old os/m was optimistic by up to os×). Uniform traffic (all-to-all)
   sends a fraction 1 - m/nodes of its bytes across, slowing by max(1, os · that fraction), in any order.
 Latency: α per ring step (scale-up step latency inside a node; NIC + switch hops between nodes);
