@@ -37,10 +37,9 @@ def run_table(predictions: list[RunPrediction]) -> list[str]:
     lines = ["| run | quality | layout | predicted tok/s/GPU | target | error | note |",
              "|---|---|---|---|---|---|---|"]
     for p in predictions:
-        note = p.reason or (f"filled: {', '.join(p.filled)}" if p.filled else "")
         predicted = f"{p.predicted_tokens_per_s_per_gpu:,.0f}" if p.predicted_tokens_per_s_per_gpu else "–"
         lines.append(f"| {p.id} | {p.quality} | {p.layout.short() if p.layout else '–'} | {predicted} | "
-                     f"{p.target_tokens_per_s_per_gpu:,.0f} | {pct(p.error)} | {note} |")
+                     f"{p.target_tokens_per_s_per_gpu:,.0f} | {pct(p.error)} | {p.note} |")
     return lines
 
 

@@ -86,6 +86,8 @@ def test_validate_json_shape() -> None:
             expected = run["predicted_tokens_per_s_per_gpu"] / run["target_tokens_per_s_per_gpu"] - 1
             assert abs(run["error"] - expected) < 1e-9
     assert {"all", "high", "medium", "low"} <= set(data["summary"])
+    kernels = {run["id"]: run["attention_kernel"] for run in data["runs"]}
+    assert kernels["mpt-7b-h100-8gpu-s2048-bf16"] == "flash-v1"  # llm-foundry's Triton FlashAttention-1
 
 
 def test_fabric_model_sim_retimes_collectives_with_the_simulator() -> None:

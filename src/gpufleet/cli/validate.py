@@ -63,10 +63,9 @@ def register(app: typer.Typer) -> None:
             for column in ("run", "quality", "layout", "predicted", "target", "error", "note"):
                 table.add_column(column, justify="right" if column in ("predicted", "target", "error") else "left")
             for p in predictions:
-                note = p.reason or (f"filled: {', '.join(p.filled)}" if p.filled else "")
                 table.add_row(p.id, p.quality, p.layout.short() if p.layout else "-",
                               f"{p.predicted_tokens_per_s_per_gpu:,.0f}" if p.predicted_tokens_per_s_per_gpu else "-",
-                              f"{p.target_tokens_per_s_per_gpu:,.0f}", _pct(p.error), note)
+                              f"{p.target_tokens_per_s_per_gpu:,.0f}", _pct(p.error), p.note)
             console.print(table)
             stats = Table(title="median and worst |error| (tokens/s per GPU)", title_justify="left")
             for column in ("runs", "n", "median |error|", "worst |error|", "worst run"):

@@ -32,6 +32,15 @@ class RunPrediction:
     reason: str | None = None
     layout: Layout | None = None
     step: StepEstimate | None = None
+    attention_kernel: str | None = None  # the kernel the run's stack used, as validation assumed it
+
+    @property
+    def note(self) -> str:
+        """Why it was skipped or what it assumed: filled layout fields, a non-default attention kernel."""
+        notes = [self.reason or (f"filled: {', '.join(self.filled)}" if self.filled else "")]
+        if self.attention_kernel and self.attention_kernel != "flash":
+            notes.append(f"attention: {self.attention_kernel}")
+        return "; ".join(note for note in notes if note)
 
     @property
     def error(self) -> float | None:
@@ -50,6 +59,7 @@ class RunPrediction:
             "filled": self.filled,
             "reason": self.reason,
             "layout": self.layout.short() if self.layout else None,
+            "attention_kernel": self.attention_kernel,
         }
 
 
@@ -69,6 +79,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
         calibration = run_calibration(run, catalog, cluster.gpu.id)
+        result.attention_kernel = calibration.attention_kernel
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
