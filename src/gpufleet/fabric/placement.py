@@ -8,6 +8,7 @@ that ignored topology: a group's nodes land on different leaves.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -106,8 +107,15 @@ def _dealt_over_leaves(nodes: int, capacities: list[int]) -> list[int]:
 @lru_cache(maxsize=256)
 def _scattered_tree_crossing(counts: tuple[int, ...]) -> float:
     """Tree traffic leaving the busiest leaf when nodes are dealt out to leaves in turn (`counts` each)."""
-    leaf_of_position = [leaf for round_ in range(max(counts)) for leaf, count in enumerate(counts) if round_ < count]
-    return tree_crossing_node_equivalents(np.asarray(leaf_of_position, dtype=np.int64))
+    columns = [[leaf] * count for leaf, count in enumerate(counts)]
+    return tree_crossing_node_equivalents(np.asarray(dealt_in_turn(columns), dtype=np.int64))
+
+
+def dealt_in_turn(columns: Sequence[Sequence[int]]) -> list[int]:
+    """Scatter order: the first item of every column, then the second of each, ... (columns may differ in
+    length). The simulator deals node ids this way; the analytical model deals leaf labels."""
+    width = max((len(column) for column in columns), default=0)
+    return [int(column[i]) for i in range(width) for column in columns if i < len(column)]
 
 
 def span_over_nodes(size: int, per_node: int, nodes: int, cluster: Cluster, placement: Placement = "block",

@@ -37,7 +37,7 @@ from scipy.sparse import csr_matrix
 from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import OPS, Op, bus_factor
 from gpufleet.fabric.graph import TIERS, FabricGraph, FloatArray, IntArray, build_graph
-from gpufleet.fabric.placement import GroupSpan, Placement
+from gpufleet.fabric.placement import GroupSpan, Placement, dealt_in_turn
 from gpufleet.fabric.routing import RoutingMode, route
 from gpufleet.fabric.topology import Cluster
 from gpufleet.fabric.trees import double_binary_tree
@@ -405,8 +405,7 @@ def ranks_for_span(graph: FabricGraph, span: GroupSpan, cluster: Cluster, placem
     if remaining > 0:
         raise InputError(f"the cluster cannot place {span.nodes} nodes as {span.leaves} x {span.nodes_per_leaf}")
     if placement == "scatter":
-        width = max(len(c) for c in columns)
-        nodes = [int(c[i]) for i in range(width) for c in columns if i < len(c)]
+        nodes = dealt_in_turn([column.tolist() for column in columns])
     else:
         nodes = [int(n) for c in columns for n in c]
     first = graph.node_first_gpu[np.asarray(nodes)]

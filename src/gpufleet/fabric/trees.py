@@ -35,11 +35,10 @@ def tree_crossing_node_equivalents(leaf_of_position: IntArray) -> float:
 
     Each tree edge carries S/2 each way per tree; a ring hop carries 2S: an edge is a quarter of a hop.
     """
-    counts: dict[int, int] = {}
+    leaves = int(leaf_of_position.max(initial=0)) + 1
+    counts = np.zeros(leaves, dtype=np.int64)
     for child, parent in double_binary_tree(len(leaf_of_position)):
         crossing = leaf_of_position[child] != leaf_of_position[parent]
-        for side in (child[crossing], parent[crossing]):
-            leaves, hits = np.unique(leaf_of_position[side], return_counts=True)
-            for leaf, hit in zip(leaves.tolist(), hits.tolist(), strict=True):
-                counts[leaf] = counts.get(leaf, 0) + hit
-    return max(counts.values(), default=0) / 4
+        counts += np.bincount(leaf_of_position[child[crossing]], minlength=leaves)
+        counts += np.bincount(leaf_of_position[parent[crossing]], minlength=leaves)
+    return float(counts.max()) / 4
