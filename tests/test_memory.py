@@ -167,6 +167,49 @@ def test_flash_attention_drops_the_score_term() -> None:
     assert got == pytest.approx(s * h * 32 / t + 4 * a * s / t)
 
 
+def test_fp8_saves_gemm_inputs_in_one_byte() -> None:
+    """Transformer Engine keeps the fp8 copies of the GEMM inputs for the weight gradients: the two norm outputs
+    (QKV and MLP inputs) and the fc2 input drop from 2 bytes to 1, and the attention output gains a 1-byte copy
+    for the output projection. Llama 3 70B, tp 1, per token: -2h - f + q_width bytes."""
+    h, f, q_width = 8192, 28672, 64 * 128
+    layout = Layout(tp=1, dp=1)
+    bf16 = activation_bytes_per_layer(LLAMA70B, layout, seq_len=1, micro_batch=1)
+    fp8 = activation_bytes_per_layer(LLAMA70B, layout, seq_len=1, micro_batch=1, fp8=True)
+    assert fp8 - bf16 == pytest.approx(-2 * h - f + q_width)
+
+
+def test_fp8_moe_layer_keeps_the_router_input_in_bf16() -> None:
+    """A MoE layer's second norm output feeds the (16-bit) router: only the first norm output, the dispatched
+    expert inputs (top_k copies) and the expert fc2 inputs shrink; the attention output still gains its copy."""
+    moe = ModelSpec(id="moe-test", name="MoE test", source="test", layers=4, hidden=2048, heads=32, kv_heads=4,
+                    head_dim=128, ffn_hidden=None, gated_mlp=True, vocab=1000,
+                    moe=MoESpec(experts=128, top_k=8, expert_ffn_hidden=768))
+    h, f, top_k, q_width = 2048, 768, 8, 32 * 128
+    layout = Layout(tp=1, dp=1)
+    bf16 = activation_bytes_per_layer(moe, layout, seq_len=1, micro_batch=1)
+    fp8 = activation_bytes_per_layer(moe, layout, seq_len=1, micro_batch=1, fp8=True)
+    assert fp8 - bf16 == pytest.approx(-h - top_k * h - top_k * f + q_width)
+
+
+@pytest.mark.parametrize("model_id, layout, seq, batch", [
+    # Megatron-Bridge's H100 FP8 presets (scripts/performance/configs/llama/llama3*_workload_base_configs.py):
+    # no recompute, distributed optimizer, grad_reduce_in_fp32=False; NVIDIA ran both on 80 GiB H100s.
+    ("llama3-70b", Layout(tp=4, pp=8, vpp=5, dp=2, sequence_parallel=True, sharding="zero1"), 8192, 128),
+    ("llama3-405b", Layout(tp=8, pp=8, vpp=8, cp=2, dp=8, sequence_parallel=True, sharding="zero1"), 8192, 512),
+])
+def test_megatron_bridge_h100_fp8_presets_fit_in_80_gib(model_id: str, layout: Layout, seq: int, batch: int) -> None:
+    from gpufleet.catalog.registry import load_catalog
+
+    model = load_catalog().model(model_id)
+    bf16_grads = MemoryAssumptions(grad_dtype="bf16")
+    _, fitted = peak_stage_memory(model, layout, seq_len=seq, global_batch=batch, precision="fp8",
+                                  assumptions=bf16_grads)
+    assert fitted.total_bytes <= 80 * GIB
+    # the same layouts with Megatron-LM's fp32 gradient buffer would not have fitted
+    _, fp32 = peak_stage_memory(model, layout, seq_len=seq, global_batch=batch, precision="fp8")
+    assert fp32.total_bytes > 80 * GIB
+
+
 def test_first_stage_holds_all_layers_of_one_micro_batch_175b() -> None:
     """Section 4.2.3: with 1F1B the first stage holds p micro-batches of L/p layers, i.e. L layers' worth,
     plus the embedding dropout mask sbhp/t (section 4.3); with interleaving × (1 + (p-1)/(p·m))."""

@@ -23,8 +23,14 @@ This module splits those bytes into three classes and generalises each:
   and token (a TP term). Flash attention is the default because Megatron-Core/TE, torchtitan and
   DeepSpeed all use it today.
 
-Assumptions (also in docs/memory.md): activations are 16-bit (fp8 training still saves bf16 copies here,
-which over-counts slightly); no dropout by default (Llama-style models train without it); RoPE adds
+FP8 training (Transformer Engine): every GEMM saves the fp8 copy of its input that it already made for the
+forward GEMM, for the weight-gradient GEMM in backward (TE's `LayerNormLinear`/`LayerNormMLP`/`Linear` keep
+`ln_out` and the activation output in fp8, `save_for_backward` in module/layernorm_mlp.py). So the two norm
+outputs and the MLP's fc2 input take 1 byte per element instead of 2, while the attention output is kept
+twice: bf16 for the attention kernel's backward and fp8 for the output projection.
+
+Assumptions (also in docs/memory.md): activations are 16-bit except the fp8 GEMM inputs above; no dropout
+by default (Llama-style models train without it); RoPE adds
 nothing (the rotated q/k are what flash attention saves); GQA stores K and V at kv_heads·head_dim wide,
 and when tp > kv_heads each rank keeps one whole KV head; MoE routing is perfectly balanced and dropless
 (each GPU sees local tokens × top_k expert inputs on average); CP divides the sequence for everything, and
@@ -48,6 +54,8 @@ FP32_BYTES = 4.0
 LOGITS_BYTES_PER_ELEMENT = 6.0
 #: bytes per token id kept for the embedding backward (int64)
 TOKEN_ID_BYTES = 8.0
+#: bytes per element of a GEMM input saved in fp8 for the weight-gradient GEMM (Transformer Engine)
+FP8_BYTES = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +68,11 @@ class LayerActivationTerms:
     heads_per_gpu: float  # attention heads on one TP rank (for the score term)
 
 
-def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: bool) -> tuple[float, float]:
+def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: bool,
+                     gemm_input_bytes: float) -> tuple[float, float]:
     """(seq bytes, per-GPU tp bytes) of the attention half of one layer, per token."""
     h = model.hidden
-    seq = 2 * ACT_BYTES * h  # norm input + QKV GEMM input (the norm output)
+    seq = (ACT_BYTES + gemm_input_bytes) * h  # norm input + QKV GEMM input (the norm output)
     if dropout:
         seq += 1.0 * h  # dropout mask after the output projection (1 byte)
     if model.mla is not None:
@@ -72,6 +81,8 @@ def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: 
         v = model.heads * mla.v_head_dim
         # q/k/v up-projections' outputs (sharded) and the attention output
         tp_bytes = ACT_BYTES * (2 * qk + 2 * v) / tp
+        if gemm_input_bytes != ACT_BYTES:
+            tp_bytes += gemm_input_bytes * v / tp  # the output projection's own fp8 copy of its input
         # latent paths (replicated across TP here): q down out + its norm out, kv down out + its norm out
         seq += ACT_BYTES * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
     else:
@@ -79,34 +90,44 @@ def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: 
         q_local = model.heads * d / tp
         kv_local = d * model.kv_heads / min(tp, model.kv_heads)  # one whole KV head when tp > kv_heads
         tp_bytes = ACT_BYTES * (2 * q_local + 2 * kv_local)  # Q, attention output; K, V
+        if gemm_input_bytes != ACT_BYTES:
+            tp_bytes += gemm_input_bytes * q_local  # the output projection's own fp8 copy of its input
     if flash_attention:
         tp_bytes += FP32_BYTES * model.heads / tp  # log-sum-exp per head and token
     return seq, tp_bytes
 
 
-def _mlp_tp_bytes(model: ModelSpec, width: float) -> float:
-    """Intermediate bytes per token of one MLP of width `width` (before TP)."""
-    return ACT_BYTES * (3 if model.gated_mlp else 2) * width
+def _mlp_tp_bytes(model: ModelSpec, width: float, gemm_input_bytes: float) -> float:
+    """Intermediate bytes per token of one MLP of width `width` (before TP): the fc1 output (2 tensors of
+    width f when gated) in 16 bits, and the fc2 input (the activation output) at the GEMM-input width."""
+    return ACT_BYTES * (2 if model.gated_mlp else 1) * width + gemm_input_bytes * width
 
 
 def layer_terms(
-    model: ModelSpec, tp: int, *, moe_layer: bool, flash_attention: bool = True, dropout: bool = False
+    model: ModelSpec, tp: int, *, moe_layer: bool, flash_attention: bool = True, dropout: bool = False,
+    fp8: bool = False,
 ) -> LayerActivationTerms:
-    """Saved bytes per token of one layer (no recompute), split into sequence / TP / score terms."""
+    """Saved bytes per token of one layer (no recompute), split into sequence / TP / score terms.
+
+    `fp8`: GEMM inputs are saved as the 1-byte copies Transformer Engine casts them to (module docstring).
+    """
     h = model.hidden
-    seq, tp_bytes = _attention_terms(model, tp, flash_attention, dropout)
-    seq += 2 * ACT_BYTES * h  # second norm input + MLP (or router) input
+    gemm_input = FP8_BYTES if fp8 else ACT_BYTES
+    seq, tp_bytes = _attention_terms(model, tp, flash_attention, dropout, gemm_input)
+    moe = model.moe
+    is_moe = moe_layer and moe is not None
+    # second norm input + MLP input (a MoE layer's router is a 16-bit GEMM: its input stays bf16)
+    seq += (ACT_BYTES + (ACT_BYTES if is_moe else gemm_input)) * h
     if dropout:
         seq += 1.0 * h  # dropout mask after the MLP
-    moe = model.moe
-    if moe_layer and moe is not None:
+    if is_moe and moe is not None:
         seq += FP32_BYTES * moe.experts  # router probabilities (fp32)
         # dispatched copies of each token (input of the experts) and expert outputs kept for the combine
-        seq += moe.top_k * 2 * ACT_BYTES * h
-        tp_bytes += _mlp_tp_bytes(model, moe.top_k * moe.expert_ffn_hidden) / tp
-        tp_bytes += _mlp_tp_bytes(model, moe.shared_experts * moe.expert_ffn_hidden) / tp
+        seq += moe.top_k * (gemm_input + ACT_BYTES) * h
+        tp_bytes += _mlp_tp_bytes(model, moe.top_k * moe.expert_ffn_hidden, gemm_input) / tp
+        tp_bytes += _mlp_tp_bytes(model, moe.shared_experts * moe.expert_ffn_hidden, gemm_input) / tp
     else:
-        tp_bytes += _mlp_tp_bytes(model, model.ffn_hidden or 0) / tp
+        tp_bytes += _mlp_tp_bytes(model, model.ffn_hidden or 0, gemm_input) / tp
     score = 0.0 if flash_attention else (2.0 + (3.0 if dropout else 0.0))
     return LayerActivationTerms(seq=seq, tp=tp_bytes, score=score, heads_per_gpu=model.heads / tp)
 
@@ -143,6 +164,7 @@ def activation_bytes_per_layer(
     flash_attention: bool = True,
     dropout: bool = False,
     recompute: Recompute | None = None,
+    fp8: bool = False,
 ) -> float:
     """Activation bytes one GPU saves for one layer and one micro-batch (Korthikanti et al. 2022, Table 2).
 
@@ -151,7 +173,8 @@ def activation_bytes_per_layer(
     MHA, LayerNorm) this reproduces the paper's expressions exactly.
     """
     is_moe = model.moe is not None if moe_layer is None else moe_layer
-    terms = layer_terms(model, layout.tp, moe_layer=is_moe, flash_attention=flash_attention, dropout=dropout)
+    terms = layer_terms(model, layout.tp, moe_layer=is_moe, flash_attention=flash_attention, dropout=dropout,
+                        fp8=fp8)
     return layer_bytes(
         terms,
         model,

@@ -148,8 +148,8 @@ def _constants(model: ModelSpec) -> _ModelConstants:
 
 
 @lru_cache(maxsize=1024)
-def _terms(model: ModelSpec, tp: int, moe_layer: bool, flash: bool, dropout: bool) -> LayerActivationTerms:
-    return layer_terms(model, tp, moe_layer=moe_layer, flash_attention=flash, dropout=dropout)
+def _terms(model: ModelSpec, tp: int, moe_layer: bool, flash: bool, dropout: bool, fp8: bool) -> LayerActivationTerms:
+    return layer_terms(model, tp, moe_layer=moe_layer, flash_attention=flash, dropout=dropout, fp8=fp8)
 
 
 def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
@@ -251,7 +251,7 @@ def stage_memory(
     for count, moe_layer in ((n_dense, False), (n_moe, True)):
         if not count:
             continue
-        terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout)
+        terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout, precision == "fp8")
         per_mb += count * layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb,
                                       recompute=layout.recompute)
         if layout.recompute == "full":  # the layer being recomputed holds its full activations

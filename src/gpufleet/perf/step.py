@@ -17,6 +17,7 @@ from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, GroupSpan, Placement, group_span
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_split
+from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions, expert_parallel_degrees
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
@@ -41,6 +42,7 @@ class StepOptions:
     ep_imbalance: float = 1.2  # slowest expert rank / mean under top-k routing (judgement)
     step_overhead_s: float = 0.005  # data loading, logging, launch gaps per step (judgement)
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
+    memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +259,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     ep_per_layer_s = 0.0
     ep_link = ""
     if model.moe is not None and layout.ep > 1:
-        dispatch_bytes = tokens_mb * model.moe.top_k * model.hidden * ACTIVATION_BYTES
+        # Under sequence parallelism each TP rank routes its own 1/tp of the tokens; only when the experts are
+        # themselves tensor-parallel (etp = tp) does every rank of the TP group send the whole sequence.
+        etp, _ = expert_parallel_degrees(layout)
+        routed_tokens = tokens_mb / layout.tp if layout.sequence_parallel and etp == 1 else tokens_mb
+        dispatch_bytes = routed_tokens * model.moe.top_k * model.hidden * ACTIVATION_BYTES
         a2a = _cost("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
         ep_link = a2a.link
         passes = 4 + (2 if layout.recompute == "full" else 0)

@@ -7,6 +7,7 @@ run into the planner's own records. The shipped copies live in `gpufleet/catalog
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,8 @@ from gpufleet.catalog.registry import Catalog, describe_validation_error, read_y
 from gpufleet.errors import CatalogError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, Sharding
+from gpufleet.parallel.memory import GradDtype
+from gpufleet.perf.step import StepOptions
 from gpufleet.workload.job import Job
 
 _Strict = ConfigDict(extra="forbid", frozen=True)
@@ -230,6 +233,38 @@ def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:
     if years and max(years) <= LAST_PRE_FLASH_YEAR:
         return "materialized"
     return None
+
+
+@dataclass(frozen=True)
+class StackRecipe:
+    """Settings a published stack's benchmark recipes use where they differ from gpufleet's Megatron-LM
+    defaults (fp32 `main_grad` buffer, no TP comm overlap, 1.2 expert imbalance), and where that is written."""
+
+    grad_dtype: GradDtype
+    tp_comm_overlap: bool
+    ep_imbalance: float
+    reason: str
+
+
+#: Stack recipes keyed by words of the run's `source`.
+STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
+    ("megatron-bridge", StackRecipe(
+        grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0,
+        reason="the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers TP-overlap config "
+               "(scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with dropless, "
+               "force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")),
+)
+
+
+def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
+    """`options` with the settings the run's stack is known to have used (STACK_RECIPES)."""
+    options = options or StepOptions()
+    source = run.source.lower()
+    for key, recipe in STACK_RECIPES:
+        if key in source:
+            return replace(options, memory=replace(options.memory, grad_dtype=recipe.grad_dtype),
+                           tp_comm_overlap=recipe.tp_comm_overlap, ep_imbalance=recipe.ep_imbalance)
+    return options
 
 
 def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str) -> CalibrationProfile:

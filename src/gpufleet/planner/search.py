@@ -105,8 +105,9 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
         return f"invalid: {error.constraint}", 0.0
+    assumptions = (options or StepOptions()).memory
     stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
-                                      precision=job.precision)
+                                      precision=job.precision, assumptions=assumptions)
     over = memory.total_bytes - cluster.gpu.hbm_bytes
     if over > 0:
         return "memory", over

@@ -12,7 +12,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job
+from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job, run_step_options
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -79,6 +79,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
         calibration = run_calibration(run, catalog, cluster.gpu.id)
+        options = run_step_options(run, options)
         result.attention_kernel = calibration.attention_kernel
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
