@@ -56,6 +56,25 @@ def test_first_generation_flash_attention_by_hand() -> None:
     assert fa1.gemm_fwd_s == fa2.gemm_fwd_s
 
 
+def test_cudnn_fused_attention_by_hand() -> None:
+    # Transformer Engine's cuDNN fused attention on H100 at 0.6 of the bf16 peak (FA3-paper class) instead of
+    # FA2's 0.33: the same score FLOPs, 0.33/0.6 of the time; backward stays 2.5x forward; a GPU without a
+    # cuDNN figure falls back to its FA2-class fraction.
+    from gpufleet.perf.compute import layer_compute
+
+    layout = Layout(micro_batch=1)
+    flops = 8192 * 2 * 8192 * 4096
+    cudnn_cal = CAL.model_copy(update={"attention_kernel": "cudnn"})
+    assert cudnn_cal.cudnn_attention_fraction == 0.6
+    cudnn = layer_compute(LLAMA8, layout, H100, cudnn_cal, seq_len=8192, precision="bf16", moe_layer=False)
+    assert math.isclose(cudnn.attention_fwd_s, flops / (989.4e12 * 0.6 * 0.87), rel_tol=1e-9)
+    assert math.isclose(cudnn.attention_bwd_s, 2.5 * cudnn.attention_fwd_s, rel_tol=1e-9)
+    no_figure = cudnn_cal.model_copy(update={"cudnn_attention_fraction": None})
+    fa2 = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
+    fallback = layer_compute(LLAMA8, layout, H100, no_figure, seq_len=8192, precision="bf16", moe_layer=False)
+    assert fallback.attention_fwd_s == fa2.attention_fwd_s
+
+
 def test_1f1b_bubble_and_interleaving() -> None:
     # pp=4 inside one node (p2p over NVLink is negligible); the bubble is (pp-1)/vpp mean stage times,
     # so its share of the pipeline is (pp-1)/(m+pp-1) for uniform stages. A tiny vocabulary keeps the

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from gpufleet.catalog.records import Record
 
-AttentionKernel = Literal["flash", "flash-v1", "materialized"]
+AttentionKernel = Literal["flash", "cudnn", "flash-v1", "materialized"]
 
 
 class CalibrationProfile(Record):
@@ -27,10 +27,16 @@ class CalibrationProfile(Record):
         description="tensor-core kernels (GEMMs, fused attention) inside a training step / the same kernels "
         "in an isolated benchmark (see data/calibration.yaml)",
     )
+    cudnn_attention_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="cuDNN fused attention (fwd+bwd) / 16-bit peak: Transformer Engine's choice on Hopper and newer; "
+        "unset = attention_fraction",
+    )
     attention_kernel: AttentionKernel = Field(
         default="flash",
-        description="flash (fused, FlashAttention-2/cuDNN class), flash-v1 (first-generation fused kernels: "
-        "FlashAttention-1, its Triton port) or materialized (s×s scores in HBM)",
+        description="flash (fused, FlashAttention-2 class), cudnn (cuDNN fused attention, at "
+        "cudnn_attention_fraction), flash-v1 (first-generation fused kernels: FlashAttention-1, its Triton port) "
+        "or materialized (s×s scores in HBM)",
     )
     gemm_half_dim: int = Field(
         default=128, ge=1, description="a GEMM dimension of this size runs at half efficiency (shape curve)"

@@ -151,10 +151,13 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         ffn_width = f
 
     attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
-    if calibration.attention_kernel in ("flash", "flash-v1"):
+    if calibration.attention_kernel != "materialized":
         # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
-        fraction = calibration.attention_fraction * (
-            FLASH_V1_RELATIVE_SPEED if calibration.attention_kernel == "flash-v1" else 1.0)
+        fraction = calibration.attention_fraction
+        if calibration.attention_kernel == "flash-v1":
+            fraction *= FLASH_V1_RELATIVE_SPEED
+        elif calibration.attention_kernel == "cudnn" and calibration.cudnn_attention_fraction is not None:
+            fraction = calibration.cudnn_attention_fraction
         attention_s = attention_flops / (attn_peak * fraction * calibration.in_training_fraction)
         attention_bwd_s = ATTENTION_BACKWARD_RATIO * attention_s
     else:

@@ -208,6 +208,8 @@ STACK_ATTENTION_KERNELS: tuple[tuple[str, AttentionKernel, str], ...] = (
                                 "(scripts/train/benchmarking/submit_benchmarks.py)"),
     ("ptd-p", "materialized", "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores"),
     ("bigscience", "materialized", "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax"),
+    ("megatron-bridge", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
+    ("megatron-core", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
 )
 #: Runs whose source cites no year after this one predate fused flash attention in the stacks that
 #: trained them: FlashAttention appeared in May 2022; Megatron-LM and PyTorch adopted it in 2023.
