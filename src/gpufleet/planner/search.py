@@ -118,6 +118,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
            fixed: dict[str, Any] | None = None, options: StepOptions | None = None,
            progress: Callable[[int], None] | None = None) -> SearchResult:
     """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
+    options = options or StepOptions()
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
     misses: list[tuple[Layout, float]] = []
