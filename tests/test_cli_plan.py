@@ -57,7 +57,7 @@ def test_job_that_fits_nowhere_says_why() -> None:
 @pytest.mark.parametrize("args", [
     ["plan", "--model", "llama9-8b"],
     ["plan", "--gpus", "0"],
-    ["plan", "--gpus", "12"],
+    ["plan", "--gpus", "13"],
     ["plan", "--oversubscription", "1:4"],
     ["plan", "--tokens", "lots"],
     ["plan", "--precision", "fp64"],

@@ -138,3 +138,22 @@ def test_more_oversubscription_never_speeds_a_collective(message: float, log_dp:
         span = group_span(layout, "dp_cp", c, "scatter")
         times.append(collective_cost("all-reduce", message, span, c).time_s)
     assert times == sorted(times)
+
+
+def test_a_job_that_does_not_fill_whole_nodes_spreads_evenly() -> None:
+    # 256 GB200s on 72-GPU NVL72 racks run as 4 racks of 64 (NVIDIA's own benchmarks); 12 H100s as 2 x 6;
+    # each used GPU keeps its NIC. 13 H100s cannot spread evenly over 2 nodes: one-line InputError.
+    import pytest
+
+    from gpufleet.errors import InputError
+    from gpufleet.fabric.topology import node_as_used
+
+    catalog = load_catalog()
+    rack = node_as_used(catalog.node("gb200-nvl72"), 256)
+    assert (rack.gpus, rack.nics) == (64, 64)
+    cluster = Cluster(catalog.gpu("gb200"), rack, 256, Fabric(catalog.network("ndr400")))
+    assert (cluster.num_nodes, cluster.gpus_per_node) == (4, 64)
+    dgx = catalog.node("dgx-h100")
+    assert node_as_used(dgx, 12).gpus == 6 and node_as_used(dgx, 16) is dgx and node_as_used(dgx, 4) is dgx
+    with pytest.raises(InputError, match="spread evenly"):
+        node_as_used(dgx, 13)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,6 +48,27 @@ class Fabric:
         if self.kind == "rail-optimized":
             return self.leaf_down_ports()
         return max(1, self.leaf_down_ports() // node.nics)
+
+
+def node_as_used(node: NodeSpec, gpus: int) -> NodeSpec:
+    """The node as a job of `gpus` GPUs uses it. A count that fills whole nodes (or part of one) uses them as
+    they are; otherwise the job spreads evenly over the fewest nodes that hold it, each with that share of its
+    GPUs and their NICs — 256 GPUs on 72-GPU NVL72 racks run as 4 racks of 64, as NVIDIA's own GB200
+    benchmarks do. A count that does not spread evenly is an InputError."""
+    if gpus <= node.gpus or gpus % node.gpus == 0:
+        return node
+    nodes = math.ceil(gpus / node.gpus)
+    if gpus % nodes:
+        raise InputError(
+            f"{gpus} GPUs neither fill whole {node.id} nodes of {node.gpus} GPUs nor spread evenly over {nodes} "
+            f"of them; use a multiple of {node.gpus} or of {nodes}"
+        )
+    used = gpus // nodes
+    return node.model_copy(update={
+        "gpus": used,
+        "nics": max(1, round(node.nics * used / node.gpus)),
+        "name": f"{node.name}, {used} of {node.gpus} GPUs used",
+    })
 
 
 @dataclass(frozen=True)

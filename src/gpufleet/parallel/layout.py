@@ -95,12 +95,13 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("tp-heads", f"tp={layout.tp} must divide the {model.heads} attention heads")
     if model.kv_heads % layout.tp and layout.tp % model.kv_heads:
         raise broken("tp-kv-heads", f"tp={layout.tp} and kv_heads={model.kv_heads}: one must divide the other")
-    if layout.pp > model.layers:
-        raise broken("pp-layers", f"pp={layout.pp} exceeds the model's {model.layers} layers")
-    if layout.pp * layout.vpp > model.layers:
+    if layout.pp * layout.vpp > model.layers + 2:
+        # Megatron-Core's account_for_embedding/loss_in_pipeline_split let the first and last virtual stage
+        # hold only the embedding and the output head (405B's 126 layers on pp16 x vpp8 = 128 stages).
         raise broken(
             "pp-layers",
-            f"pp*vpp={layout.pp * layout.vpp} virtual stages exceed the model's {model.layers} layers",
+            f"pp*vpp={layout.pp * layout.vpp} virtual stages exceed the model's {model.layers} layers "
+            "plus the embedding and the output head",
         )
     if layout.vpp > 1 and layout.pp == 1:
         raise broken("vpp", "vpp > 1 needs pipeline parallelism (pp > 1)")

@@ -18,7 +18,7 @@ from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
 from gpufleet.errors import CatalogError
-from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.fabric.topology import Cluster, Fabric, node_as_used
 from gpufleet.parallel.layout import Recompute, Sharding
 from gpufleet.parallel.memory import GradDtype
 from gpufleet.perf.step import StepOptions
@@ -196,7 +196,7 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
     changes: dict[str, object] = {"gpus": hardware.gpus_per_node}
     if hardware.scale_out_gbps_per_gpu is not None:
         changes.update(nics=hardware.gpus_per_node, nic_gbps=hardware.scale_out_gbps_per_gpu)
-    node = node.model_copy(update=changes)
+    node = node_as_used(node.model_copy(update=changes), hardware.num_gpus)
     network = catalog.network(node.default_network)
     return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
 
