@@ -107,6 +107,18 @@ def test_megatron_bridge_holdout() -> None:
     assert twin is not None and abs(twin) <= 0.10
 
 
+def test_llama3_405b_holdout() -> None:
+    # Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100s (430 and 400 TFLOP/s/GPU; not shipped, nothing fitted).
+    # The run gives tp, pp, dp and the batch; the fill must find what made it fast: ZeRO-2-style sharding (as
+    # Meta describes) to fit 8 virtual stages, whose bubble is 1/8 of 1F1B's. Within 1 % when written.
+    catalog = load_catalog()
+    for run in load_runs(DATA / "llama3_holdout.yaml"):
+        prediction = predict_run(run, catalog)
+        assert prediction.layout is not None and prediction.error is not None
+        assert prediction.layout.vpp == 8 and prediction.layout.sharding == "zero2"
+        assert abs(prediction.error) <= 0.05, (run.id, prediction.error)
+
+
 @pytest.mark.parametrize(("source", "years"), [
     ("Smith et al. 2022, MT-NLG 530B (arXiv 2201.11990) Sec. 2.4", [2022, 2022]),
     ("Korthikanti et al. 2022 (MLSys'23), abstract", [2022]),

@@ -84,7 +84,7 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                 if model.moe is not None:
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
                 for ep in options("ep", eps):
-                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= model.layers)]
+                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= model.layers + 2)]
                     for vpp in options("vpp", vpps):
                         mbs = [b for b in space.micro_batches if per_replica % b == 0
                                and (vpp == 1 or (per_replica // b) % pp == 0)]

@@ -63,6 +63,12 @@ class RunPrediction:
         }
 
 
+#: Values tried for a run's null layout fields: every degree the stacks offer, wider than `plan`'s default
+#: search (ZeRO-2, as FSDP's SHARD_GRAD_OP and Llama 3's training used; up to 8 virtual stages, as
+#: Megatron-Bridge's 405B recipes use).
+FILL_SPACE = SearchSpace(max_tp=64, shardings=("none", "zero1", "zero2", "zero3"), vpps=(1, 2, 4, 8))
+
+
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
                 node_id: str | None = None) -> RunPrediction:
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by the planner."""
@@ -98,7 +104,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                     return result
                 return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)
         else:
-            found = search(job, cluster, calibration, space=SearchSpace(max_tp=64), fixed=fixed, options=options)
+            found = search(job, cluster, calibration, space=FILL_SPACE, fixed=fixed, options=options)
             if found.best is None:
                 if not found.closest_misses:
                     result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})"
