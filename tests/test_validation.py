@@ -87,6 +87,13 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
     assert not bridge.dp_overlap  # the caller's own options are kept
     other = run_step_options(runs["mpt-7b-h100-8gpu-s2048-bf16"])
     assert other == StepOptions()
+    # NeMo 2's performance tables: the same gradient and TP settings and TE's cuDNN attention, default routing
+    nemo = runs["mpt-7b-h100-8gpu-s2048-bf16"].model_copy(
+        update={"source": "NVIDIA/NeMo docs/source/performance/performance_summary.md, 24.12"})
+    nemo_options = run_step_options(nemo)
+    assert nemo_options.memory.grad_dtype == "bf16" and nemo_options.tp_comm_overlap
+    assert nemo_options.ep_imbalance == StepOptions().ep_imbalance
+    assert run_calibration(nemo, load_catalog(), "h100-sxm").attention_kernel == "cudnn"
 
 
 def test_megatron_bridge_holdout() -> None:

@@ -210,6 +210,8 @@ STACK_ATTENTION_KERNELS: tuple[tuple[str, AttentionKernel, str], ...] = (
     ("bigscience", "materialized", "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax"),
     ("megatron-bridge", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
     ("megatron-core", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
+    ("nvidia/nemo", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
+    ("nemo framework", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
 )
 #: Runs whose source cites no year after this one predate fused flash attention in the stacks that
 #: trained them: FlashAttention appeared in May 2022; Megatron-LM and PyTorch adopted it in 2023.
@@ -248,6 +250,13 @@ class StackRecipe:
     reason: str
 
 
+#: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
+#: overlap settings; their MoE routing is not stated, so the default imbalance stays.
+_NEMO2_RECIPE = StackRecipe(
+    grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=StepOptions.ep_imbalance,
+    reason="NeMo 2 performance scripts (scripts/performance/llm/*): plugins.grad_reduce_in_fp32 = False, "
+           "userbuffers TP-overlap configs")
+
 #: Stack recipes keyed by words of the run's `source`.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("megatron-bridge", StackRecipe(
@@ -255,6 +264,8 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
         reason="the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers TP-overlap config "
                "(scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with dropless, "
                "force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")),
+    ("nvidia/nemo", _NEMO2_RECIPE),
+    ("nemo framework", _NEMO2_RECIPE),
 )
 
 
