@@ -16,6 +16,7 @@ from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
+from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
 from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import write_series_plot
@@ -150,7 +151,7 @@ def register(app: typer.Typer) -> None:
         seq: int = typer.Option(4096, "--seq", help="Sequence length in tokens."),
         global_batch: int = typer.Option(None, "--global-batch",
                                          help="Sequences per step; default ~4M tokens per step."),
-        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16, fp8 (fp8 GEMMs) or fp4."),
+        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp8 (fp8 GEMMs)."),
         top: int = typer.Option(5, "--top", help="How many plans to show."),
         explain: int = typer.Option(None, "--explain", help="Break plan RANK down part by part."),
         rank_by: str = typer.Option("time", "--rank-by", help="time (time-to-train) or cost (cheapest cloud)."),
@@ -181,8 +182,8 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
         if rank_by not in ("time", "cost"):
             raise InputError(f"--rank-by must be time or cost, got {rank_by!r}")
-        if precision not in ("bf16", "fp16", "fp8", "fp4"):
-            raise InputError(f"--precision must be bf16, fp16, fp8 or fp4, got {precision!r}")
+        if precision not in TRAINING_PRECISIONS:
+            raise InputError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {precision!r}")
         if seq < 1 or (global_batch is not None and global_batch < 1):
             raise InputError("--seq and --global-batch must be positive")
         if fabric_model not in ("analytical", "sim"):
