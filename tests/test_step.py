@@ -129,6 +129,28 @@ def test_sequence_parallel_ranks_route_only_their_own_tokens() -> None:
     assert etp_sp.parts["comm.ep"].exposed_s == etp_no_sp.parts["comm.ep"].exposed_s
 
 
+def test_dropless_moe_layers_wait_for_the_host_by_hand() -> None:
+    # Qwen3-30B-A3B, ep 8 on one node: 16 local experts. The host launches 26 + 6 x 16 = 122 kernels per MoE
+    # layer forward and twice that backward, 366 x 10 us = 3.66 ms per layer and micro-batch. Dropless routing
+    # syncs the host every layer, so all of it adds to the layer; with token-drop the host runs ahead and a
+    # layer whose GPU work takes longer than 3.66 ms hides it completely.
+    qwen = CATALOG.model("qwen3-30b-a3b")
+    job = Job(qwen, tokens=1e12, seq_len=4096, global_batch=64)
+    layout = Layout(tp=1, ep=8, dp=8, micro_batch=1)
+    dropless = estimate_step(job, layout, cluster(8), CAL, StepOptions(dp_overlap=False))
+    token_drop = estimate_step(job, layout, cluster(8), CAL, StepOptions(dp_overlap=False, moe_dropless=False))
+    m, layers = 8, 48
+    host_s = 366 * 10e-6
+    assert math.isclose(dropless.parts["host.moe"].exposed_s, m * layers * host_s, rel_tol=1e-9)
+    # an H100 spends longer than 3.66 ms on this layer's GPU work (~7 ms), so token-drop hides all of it
+    assert token_drop.parts["host.moe"].exposed_s == 0.0
+    assert math.isclose(token_drop.parts["host.moe"].hidden_s, m * layers * host_s, rel_tol=1e-9)
+    assert math.isclose(dropless.step_s - token_drop.step_s, m * layers * host_s, rel_tol=1e-9)
+    # dense models launch no expert kernels
+    assert "host.moe" not in estimate_step(Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=64),
+                                           Layout(dp=8, micro_batch=1), cluster(8), CAL).parts
+
+
 LAYOUTS = [
     Layout(tp=8, pp=1, dp=4, micro_batch=1, sequence_parallel=True, sharding="zero1", recompute="selective"),
     Layout(tp=4, pp=2, dp=4, micro_batch=2, sequence_parallel=True, recompute="full"),

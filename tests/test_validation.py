@@ -47,14 +47,14 @@ def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: di
 def test_published_accuracy(published: dict[str, object]) -> None:
     # Issue targets: high+medium median <= 10 % (met: 6.7 %), all runs median <= 15 % (met: 9.5 %);
     # worst high+medium <= 25 %: every high-quality run is within 16 %, but one medium run is not
-    # (Qwen3-30B-A3B in the 25.11 container, dropless routing, +100 %; the same layout with token-drop routing in
+    # (Qwen3-30B-A3B in the 25.11 container, dropless routing, +54 %; the same layout with token-drop routing in
     # 25.09 ran 2x faster and is predicted within 1 %, test_megatron_bridge_holdout below).
     high, high_medium, everything = published["high"], published["high+medium"], published["all"]
     assert isinstance(high, dict) and isinstance(high_medium, dict) and isinstance(everything, dict)
     assert high_medium["median_abs_error"] <= 0.10
     assert everything["median_abs_error"] <= 0.15
     assert high["worst_abs_error"] <= 0.25
-    assert high_medium["worst_abs_error"] <= 1.05
+    assert high_medium["worst_abs_error"] <= 0.60
 
 
 def test_each_run_gets_the_attention_kernel_its_stack_used() -> None:
@@ -83,7 +83,10 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
     runs = {run.id: run for run in load_runs()}
     bridge = run_step_options(runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"], StepOptions(dp_overlap=False))
     assert bridge.memory.grad_dtype == "bf16"
-    assert bridge.tp_comm_overlap and bridge.ep_imbalance == 1.0
+    assert bridge.tp_comm_overlap and bridge.ep_imbalance == 1.0 and bridge.moe_dropless
+    token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"source": (
+        "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.09 NeMo Container / Pre-Training")})
+    assert not run_step_options(token_drop).moe_dropless  # the archive labels 25.09's MoE rows "(tokendrop)"
     assert not bridge.dp_overlap  # the caller's own options are kept
     other = run_step_options(runs["mpt-7b-h100-8gpu-s2048-bf16"])
     assert other == StepOptions()
@@ -112,6 +115,11 @@ def test_megatron_bridge_holdout() -> None:
     # the token-drop twin of the shipped dropless Qwen3-30B-A3B row (same layout, 10,494 tokens/s/GPU)
     twin = predictions["mbridge-2509-h100-qwen3-30b-a3b-16gpu"].error
     assert twin is not None and abs(twin) <= 0.10
+    # MoE rows (Qwen3-30B/235B, DeepSeek-V3; dropless except 25.09): a median 14 % off when written, with the
+    # host-bound dropless MoE layer (docs/model.md); 47 % without it.
+    moe = [abs(predictions[run.id].error or 0.0) for run in runs if run.model.moe is not None]
+    assert len(moe) == 15
+    assert sorted(moe)[len(moe) // 2] <= 0.20
 
 
 def test_llama3_405b_holdout() -> None:

@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.records import ModelSpec
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, GroupSpan, Placement, group_span
 from gpufleet.fabric.topology import Cluster
@@ -30,6 +31,14 @@ DP_BUCKET_ELEMENTS = 40e6
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
 #: bf16 weight write (2).
 OPTIMIZER_BYTES_PER_PARAM = 30
+#: Kernels the host launches for one MoE layer's forward pass in Megatron-Core (alltoall dispatcher, Transformer
+#: Engine grouped experts): router GEMM, top-k/softmax and the auxiliary losses (~10), dispatch bookkeeping,
+#: permute, all-to-all and local sort (~10), un-permute, all-to-all back and combine (~6) = 26 per layer, plus
+#: per local expert an input cast and a GEMM for fc1 and for fc2 and the activation's cast (~6). Backward
+#: launches about twice that (data- and weight-gradient GEMMs). Counted from the code path (judgement).
+MOE_FIXED_KERNELS_FWD = 26
+MOE_KERNELS_PER_LOCAL_EXPERT_FWD = 6
+BACKWARD_KERNEL_RATIO = 2.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class StepOptions:
     step_overhead_s: float = 0.005  # data loading, logging, launch gaps per step (judgement)
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
     memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
+    moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
+    host_s_per_kernel: float = 10e-6  # eager PyTorch + framework host time per launched kernel (judgement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +228,17 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     return seconds
 
 
+def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions) -> float:
+    """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and (full
+    recompute) the forward again."""
+    if model.moe is None:
+        return 0.0
+    local_experts = model.moe.experts / layout.ep
+    forward = MOE_FIXED_KERNELS_FWD + MOE_KERNELS_PER_LOCAL_EXPERT_FWD * local_experts
+    passes = 1.0 + BACKWARD_KERNEL_RATIO + (1.0 if layout.recompute == "full" else 0.0)
+    return forward * passes * options.host_s_per_kernel
+
+
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
                   options: StepOptions | None = None) -> StepEstimate:
     """Estimate one optimizer step of `job` with `layout` on `cluster` (layout assumed valid)."""
@@ -269,10 +291,20 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         passes = 4 + (2 if layout.recompute == "full" else 0)
         ep_per_layer_s = passes * a2a.time_s * options.ep_imbalance
 
-    def layer_time(compute: LayerCompute, moe: bool) -> float:
+    def device_layer_time(compute: LayerCompute, moe: bool) -> float:
         return (compute.forward_s + compute.backward_s + compute.recompute_s(layout.recompute)
                 + (0.0 if options.tp_comm_overlap else tp_per_layer_s)
                 + cp_per_layer_s + (ep_per_layer_s if moe else 0.0))
+
+    moe_host_s = _moe_host_s(model, layout, options)
+    moe_device_s = device_layer_time(moe_layer, True) if moe_layer else 0.0
+    # Dropless routing sizes the all-to-all and the grouped GEMMs from token counts copied to the host, so the
+    # host cannot run ahead: it launches the layer's kernels while the GPU waits (serial). Token-drop routing has
+    # fixed shapes and the host runs ahead; it only shows when it is slower than the GPU.
+    moe_host_exposed_s = moe_host_s if options.moe_dropless else max(0.0, moe_host_s - moe_device_s)
+
+    def layer_time(compute: LayerCompute, moe: bool) -> float:
+        return device_layer_time(compute, moe) + (moe_host_exposed_s if moe else 0.0)
 
     dense_time = layer_time(dense_layer, False) if dense_layer else 0.0
     moe_time = layer_time(moe_layer, True) if moe_layer else 0.0
@@ -333,9 +365,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     if layout.cp > 1:
         parts["comm.cp"] = Part(m * per_stage_layers * cp_per_layer_s,
                                 m * per_stage_layers * cp_hidden_per_layer_s, cp_link)
+    moe_per_stage = (model.layers - moe_from) / pp
     if ep_per_layer_s:
-        moe_per_stage = (model.layers - moe_from) / pp
         parts["comm.ep"] = Part(m * moe_per_stage * ep_per_layer_s, 0.0, ep_link)
+    if moe_host_s:
+        parts["host.moe"] = Part(m * moe_per_stage * moe_host_exposed_s, m * moe_per_stage * (
+            moe_host_s - moe_host_exposed_s))
     if p2p:
         parts["comm.pp"] = Part(m * p2p_per_mb_s, 0.0, p2p.link)
         parts["bubble"] = Part(bubble_s)

@@ -248,6 +248,7 @@ class StackRecipe:
     tp_comm_overlap: bool
     ep_imbalance: float
     reason: str
+    moe_dropless: bool = True
 
 
 #: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
@@ -257,13 +258,17 @@ _NEMO2_RECIPE = StackRecipe(
     reason="NeMo 2 performance scripts (scripts/performance/llm/*): plugins.grad_reduce_in_fp32 = False, "
            "userbuffers TP-overlap configs")
 
-#: Stack recipes keyed by words of the run's `source`.
+_MEGATRON_BRIDGE_RECIPE = StackRecipe(
+    grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0,
+    reason="the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers TP-overlap config "
+           "(scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with dropless, "
+           "force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")
+
+#: Stack recipes keyed by words of the run's `source`; the first match wins.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
-    ("megatron-bridge", StackRecipe(
-        grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0,
-        reason="the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers TP-overlap config "
-               "(scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with dropless, "
-               "force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")),
+    # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
+    ("25.09 nemo container", replace(_MEGATRON_BRIDGE_RECIPE, moe_dropless=False)),
+    ("megatron-bridge", _MEGATRON_BRIDGE_RECIPE),
     ("nvidia/nemo", _NEMO2_RECIPE),
     ("nemo framework", _NEMO2_RECIPE),
 )
@@ -276,7 +281,8 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
     for key, recipe in STACK_RECIPES:
         if key in source:
             return replace(options, memory=replace(options.memory, grad_dtype=recipe.grad_dtype),
-                           tp_comm_overlap=recipe.tp_comm_overlap, ep_imbalance=recipe.ep_imbalance)
+                           tp_comm_overlap=recipe.tp_comm_overlap, ep_imbalance=recipe.ep_imbalance,
+                           moe_dropless=recipe.moe_dropless)
     return options
 
 

@@ -10,6 +10,7 @@ Recompute is not model FLOPs: it counts in HFU (hardware FLOPs) only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.workload.params import attention_params, layer_params, mlp_params
@@ -53,6 +54,7 @@ def active_layer_gemm_params(model: ModelSpec, layer_index: int) -> float:
     return attention_params(model) + routed + layer.shared_experts + layer.router
 
 
+@lru_cache(maxsize=256)
 def flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> FlopsPerToken:
     """Forward FLOPs per token of the whole model."""
     moe_layers = 0 if model.moe is None else model.layers - model.moe.dense_layers
