@@ -369,8 +369,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     if ep_per_layer_s:
         parts["comm.ep"] = Part(m * moe_per_stage * ep_per_layer_s, 0.0, ep_link)
     if moe_host_s:
+        kernels = round(moe_host_s / options.host_s_per_kernel)
+        bound = (f"host launches {kernels} kernels/layer"
+                 + (", dropless sync" if options.moe_dropless else ", runs ahead (token-drop)"))
         parts["host.moe"] = Part(m * moe_per_stage * moe_host_exposed_s, m * moe_per_stage * (
-            moe_host_s - moe_host_exposed_s))
+            moe_host_s - moe_host_exposed_s), bound)
     if p2p:
         parts["comm.pp"] = Part(m * p2p_per_mb_s, 0.0, p2p.link)
         parts["bubble"] = Part(bubble_s)
