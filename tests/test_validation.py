@@ -102,7 +102,8 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
 def test_megatron_bridge_holdout() -> None:
     # 32 rows of Megatron-Bridge's performance archive that are not in the shipped file (nothing fitted to them):
     # the 17 dense rows (Llama 3 8B/70B/405B on H100, B200 and GB200 NVL72, 256-GPU jobs as 4 racks of 64) were a
-    # median 7.1 % off when written; H100 and B200 within 8.9 %, GB200 within 29 % (70B MXFP8 tp2 pp4, +29 %).
+    # median 5.3 % off when written; H100 and B200 within 8.9 %; GB200 -22 ... +11 % (70B with FSDP, where the fill
+    # puts full recompute and NVIDIA offloaded activations to the CPU, -22 %).
     catalog = load_catalog()
     runs = load_runs(DATA / "megatron_bridge_holdout.yaml")
     predictions = {run.id: predict_run(run, catalog) for run in runs}
@@ -111,11 +112,11 @@ def test_megatron_bridge_holdout() -> None:
     assert len(dense) == 17
     assert sorted(dense.values())[len(dense) // 2] <= 0.10
     assert max(error for run_id, error in dense.items() if "gb200" not in run_id) <= 0.12
-    assert max(dense.values()) <= 0.30
+    assert max(dense.values()) <= 0.25
     # the token-drop twin of the shipped dropless Qwen3-30B-A3B row (same layout, 10,494 tokens/s/GPU)
     twin = predictions["mbridge-2509-h100-qwen3-30b-a3b-16gpu"].error
     assert twin is not None and abs(twin) <= 0.10
-    # MoE rows (Qwen3-30B/235B, DeepSeek-V3; dropless except 25.09): a median 14 % off when written, with the
+    # MoE rows (Qwen3-30B/235B, DeepSeek-V3; dropless except 25.09): a median 16 % off when written, with the
     # host-bound dropless MoE layer (docs/model.md); 47 % without it.
     moe = [abs(predictions[run.id].error or 0.0) for run in runs if run.model.moe is not None]
     assert len(moe) == 15
