@@ -28,3 +28,12 @@ def run_gpufleet(*args: str, env: dict[str, str] | None = None, timeout: float =
     environment.update(env or {})
     return subprocess.run([*entry_point(), *args], capture_output=True, text=True, env=environment,
                           timeout=timeout, check=False)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one stderr line of a refused command: exit code 2, exactly one line, no traceback."""
+    assert result.returncode == 2, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got: {result.stderr!r}"
+    assert "Traceback" not in result.stderr
+    return lines[0]

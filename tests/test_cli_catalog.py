@@ -9,16 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import run_gpufleet
+from clirun import one_error_line, run_gpufleet
 from gpufleet.catalog.registry import ENV_VAR
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got: {result.stderr!r}"
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 def test_list_everything() -> None:

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from clirun import one_error_line
 from clirun import run_gpufleet as gpufleet
 
 KINDS = {"weights", "gradients", "optimizer", "activations", "buffers", "overhead"}
 BASE = ("memory", "--model", "llama3-8b", "--gpu", "h100-sxm")
 
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got: {result.stderr!r}"
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 def test_json_shape_and_fit() -> None:
