@@ -95,9 +95,7 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("tp-heads", f"tp={layout.tp} must divide the {model.heads} attention heads")
     if model.kv_heads % layout.tp and layout.tp % model.kv_heads:
         raise broken("tp-kv-heads", f"tp={layout.tp} and kv_heads={model.kv_heads}: one must divide the other")
-    if layout.pp * layout.vpp > model.layers + 2:
-        # Megatron-Core's account_for_embedding/loss_in_pipeline_split let the first and last virtual stage
-        # hold only the embedding and the output head (405B's 126 layers on pp16 x vpp8 = 128 stages).
+    if layout.pp * layout.vpp > max_virtual_stages(model):
         raise broken(
             "pp-layers",
             f"pp*vpp={layout.pp * layout.vpp} virtual stages exceed the model's {model.layers} layers "
@@ -129,6 +127,13 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("vpp-microbatches", "interleaved schedules need micro-batches per step divisible by pp")
     if layout.sharding == "hsdp" and (layout.hsdp_group < 2 or layout.dp % layout.hsdp_group):
         raise broken("hsdp", f"hsdp shard group {layout.hsdp_group} must divide dp={layout.dp}")
+
+
+def max_virtual_stages(model: ModelSpec) -> int:
+    """Most pipeline chunks (pp·vpp) a model splits into: one per layer, plus a first and a last chunk that hold
+    only the embedding and the output head (Megatron-Core's account_for_embedding/loss_in_pipeline_split;
+    405B's 126 layers on pp16 × vpp8 = 128 chunks)."""
+    return model.layers + 2
 
 
 @lru_cache(maxsize=4096)

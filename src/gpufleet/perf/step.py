@@ -303,11 +303,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     # fixed shapes and the host runs ahead; it only shows when it is slower than the GPU.
     moe_host_exposed_s = moe_host_s if options.moe_dropless else max(0.0, moe_host_s - moe_device_s)
 
-    def layer_time(compute: LayerCompute, moe: bool) -> float:
-        return device_layer_time(compute, moe) + (moe_host_exposed_s if moe else 0.0)
-
-    dense_time = layer_time(dense_layer, False) if dense_layer else 0.0
-    moe_time = layer_time(moe_layer, True) if moe_layer else 0.0
+    dense_time = device_layer_time(dense_layer, False) if dense_layer else 0.0
+    moe_time = moe_device_s + moe_host_exposed_s if moe_layer else 0.0
     logits_s, logits_flops = logits_compute_s(model, layout, cluster.gpu, calibration, seq_len=seq,
                                               precision=job.precision)
 

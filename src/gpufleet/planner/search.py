@@ -10,7 +10,7 @@ from typing import Any
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import RECOMPUTES, Layout, Recompute, Sharding, validate_layout
+from gpufleet.parallel.layout import RECOMPUTES, Layout, Recompute, Sharding, max_virtual_stages, validate_layout
 from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.workload.job import Job
@@ -84,7 +84,7 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                 if model.moe is not None:
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
                 for ep in options("ep", eps):
-                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= model.layers + 2)]
+                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))]
                     for vpp in options("vpp", vpps):
                         mbs = [b for b in space.micro_batches if per_replica % b == 0
                                and (vpp == 1 or (per_replica // b) % pp == 0)]
