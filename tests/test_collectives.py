@@ -151,9 +151,11 @@ def test_a_job_that_does_not_fill_whole_nodes_spreads_evenly() -> None:
     catalog = load_catalog()
     rack = node_as_used(catalog.node("gb200-nvl72"), 256)
     assert (rack.gpus, rack.nics) == (64, 64)
-    cluster = Cluster(catalog.gpu("gb200"), rack, 256, Fabric(catalog.network("ndr400")))
-    assert (cluster.num_nodes, cluster.gpus_per_node) == (4, 64)
+    cluster = Cluster(catalog.gpu("gb200"), catalog.node("gb200-nvl72"), 256, Fabric(catalog.network("ndr400")))
+    assert (cluster.node.gpus, cluster.node.nics, cluster.num_nodes, cluster.gpus_per_node) == (64, 64, 4, 64)
     dgx = catalog.node("dgx-h100")
     assert node_as_used(dgx, 12).gpus == 6 and node_as_used(dgx, 16) is dgx and node_as_used(dgx, 4) is dgx
     with pytest.raises(InputError, match="spread evenly"):
         node_as_used(dgx, 13)
+    with pytest.raises(InputError, match="spread evenly"):
+        Cluster(catalog.gpu("h100-sxm"), dgx, 13, Fabric(catalog.network("ndr400")))

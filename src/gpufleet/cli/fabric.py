@@ -19,7 +19,7 @@ from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph
 from gpufleet.fabric.placement import GroupSpan, Placement, span_over_nodes
 from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
 from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, simulate_collective
-from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind, node_as_used
+from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
 from gpufleet.report.plots import Series, write_series_plot
 from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
 
@@ -36,7 +36,7 @@ def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network
     node_spec = catalog.node(node) if node else catalog.node_for_gpu(gpu)
     fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "topology")),
                     parse_ratio(oversubscription))
-    return Cluster(catalog.gpu(node_spec.gpu), node_as_used(node_spec, gpus), gpus, fabric)
+    return Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)
 
 
 def block_span(cluster: Cluster, placement: Placement) -> GroupSpan:

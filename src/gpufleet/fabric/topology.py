@@ -73,7 +73,8 @@ def node_as_used(node: NodeSpec, gpus: int) -> NodeSpec:
 
 @dataclass(frozen=True)
 class Cluster:
-    """`gpus` GPUs in nodes of one type joined by a fabric (a job smaller than a node uses part of one)."""
+    """`gpus` GPUs in nodes of one type joined by a fabric (a job smaller than a node uses part of one; one
+    that does not fill whole nodes spreads evenly over the fewest that hold it, see `node_as_used`)."""
 
     gpu: GPUSpec
     node: NodeSpec
@@ -85,11 +86,8 @@ class Cluster:
             raise InputError(f"GPU count must be positive, got {self.gpus}")
         if self.node.gpu != self.gpu.id:
             raise InputError(f"node {self.node.id} holds {self.node.gpu}, not {self.gpu.id}")
-        if self.gpus > self.node.gpus and self.gpus % self.node.gpus:
-            raise InputError(
-                f"{self.gpus} GPUs do not fill whole {self.node.id} nodes of {self.node.gpus} GPUs; "
-                f"use a multiple of {self.node.gpus}"
-            )
+        # `node` is the node as this job uses it (a count that does not fill whole nodes spreads evenly)
+        object.__setattr__(self, "node", node_as_used(self.node, self.gpus))
 
     @property
     def scale_up(self) -> ScaleUp:

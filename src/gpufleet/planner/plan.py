@@ -15,7 +15,7 @@ from gpufleet.catalog.records import Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError
-from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind, node_as_used
+from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, search
@@ -93,7 +93,7 @@ def build_cluster(request: PlanRequest, catalog: Catalog) -> Cluster:
     node = catalog.node(request.node) if request.node else catalog.node_for_gpu(gpu.id)
     network = catalog.network(request.network or node.default_network)
     fabric = Fabric(network=network, kind=request.topology, oversubscription=request.oversubscription)
-    return Cluster(gpu=gpu, node=node_as_used(node, request.gpus), gpus=request.gpus, fabric=fabric)
+    return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric)
 
 
 def build_job(request: PlanRequest, catalog: Catalog) -> Job:
