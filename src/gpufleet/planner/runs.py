@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,7 +18,7 @@ from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
 from gpufleet.errors import CatalogError
-from gpufleet.fabric.topology import Cluster, Fabric, node_as_used
+from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, Sharding
 from gpufleet.parallel.memory import GradDtype
 from gpufleet.perf.step import StepOptions
@@ -196,22 +196,53 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
     changes: dict[str, object] = {"gpus": hardware.gpus_per_node}
     if hardware.scale_out_gbps_per_gpu is not None:
         changes.update(nics=hardware.gpus_per_node, nic_gbps=hardware.scale_out_gbps_per_gpu)
-    node = node_as_used(node.model_copy(update=changes), hardware.num_gpus)
+    node = node.model_copy(update=changes)
     network = catalog.network(node.default_network)
     return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
 
 
-#: Attention kernels of published stacks that differ from the calibration default (FlashAttention-2
-#: class), keyed by words of the run's `source`, with the reason.
-STACK_ATTENTION_KERNELS: tuple[tuple[str, AttentionKernel, str], ...] = (
-    ("llm-foundry", "flash-v1", "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
-                                "(scripts/train/benchmarking/submit_benchmarks.py)"),
-    ("ptd-p", "materialized", "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores"),
-    ("bigscience", "materialized", "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax"),
-    ("megatron-bridge", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
-    ("megatron-core", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
-    ("nvidia/nemo", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
-    ("nemo framework", "cudnn", "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"),
+@dataclass(frozen=True)
+class StackRecipe:
+    """What a published stack is known to have run with, where it differs from gpufleet's defaults (FA2-class
+    attention, Megatron-LM's fp32 `main_grad` buffer, no TP comm overlap, 1.2 expert imbalance, dropless
+    routing); None keeps the default. `reason` says where it is written."""
+
+    reason: str
+    attention_kernel: AttentionKernel | None = None
+    grad_dtype: GradDtype | None = None
+    tp_comm_overlap: bool | None = None
+    ep_imbalance: float | None = None
+    moe_dropless: bool | None = None
+
+
+_TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
+#: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
+#: overlap settings; their MoE routing is not stated, so the default imbalance stays.
+_NEMO2_RECIPE = StackRecipe(
+    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True,
+    reason=f"{_TE_ATTENTION}; NeMo 2 performance scripts (scripts/performance/llm/*): "
+           "plugins.grad_reduce_in_fp32 = False, userbuffers TP-overlap configs")
+_MEGATRON_BRIDGE_RECIPE = StackRecipe(
+    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0,
+    reason=f"{_TE_ATTENTION}; the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers "
+           "TP-overlap config (scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with "
+           "dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")
+
+#: Stack recipes keyed by words of the run's `source`; the first match wins.
+STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
+    ("llm-foundry", StackRecipe(attention_kernel="flash-v1", reason=(
+        "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
+        "(scripts/train/benchmarking/submit_benchmarks.py)"))),
+    ("ptd-p", StackRecipe(attention_kernel="materialized", reason=(
+        "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores"))),
+    ("bigscience", StackRecipe(attention_kernel="materialized", reason=(
+        "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax"))),
+    # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
+    ("25.09 nemo container", replace(_MEGATRON_BRIDGE_RECIPE, moe_dropless=False)),
+    ("megatron-bridge", _MEGATRON_BRIDGE_RECIPE),
+    ("megatron-core", StackRecipe(attention_kernel="cudnn", reason=_TE_ATTENTION)),
+    ("nvidia/nemo", _NEMO2_RECIPE),
+    ("nemo framework", _NEMO2_RECIPE),
 )
 #: Runs whose source cites no year after this one predate fused flash attention in the stacks that
 #: trained them: FlashAttention appeared in May 2022; Megatron-LM and PyTorch adopted it in 2023.
@@ -227,63 +258,34 @@ def cited_years(source: str) -> list[int]:
     return years
 
 
+def stack_recipe(run: PublishedRun) -> StackRecipe | None:
+    """The first STACK_RECIPES entry whose key the run's source names."""
+    source = run.source.lower()
+    return next((recipe for key, recipe in STACK_RECIPES if key in source), None)
+
+
 def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:
     """The attention kernel the run's stack is known to have used, when that is not FA2 class."""
-    source = run.source.lower()
-    for key, kernel, _reason in STACK_ATTENTION_KERNELS:
-        if key in source:
-            return kernel
-    years = cited_years(source)
+    recipe = stack_recipe(run)
+    if recipe is not None and recipe.attention_kernel is not None:
+        return recipe.attention_kernel
+    years = cited_years(run.source.lower())
     if years and max(years) <= LAST_PRE_FLASH_YEAR:
         return "materialized"
     return None
 
 
-@dataclass(frozen=True)
-class StackRecipe:
-    """Settings a published stack's benchmark recipes use where they differ from gpufleet's Megatron-LM
-    defaults (fp32 `main_grad` buffer, no TP comm overlap, 1.2 expert imbalance), and where that is written."""
-
-    grad_dtype: GradDtype
-    tp_comm_overlap: bool
-    ep_imbalance: float
-    reason: str
-    moe_dropless: bool = True
-
-
-#: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
-#: overlap settings; their MoE routing is not stated, so the default imbalance stays.
-_NEMO2_RECIPE = StackRecipe(
-    grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=StepOptions.ep_imbalance,
-    reason="NeMo 2 performance scripts (scripts/performance/llm/*): plugins.grad_reduce_in_fp32 = False, "
-           "userbuffers TP-overlap configs")
-
-_MEGATRON_BRIDGE_RECIPE = StackRecipe(
-    grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0,
-    reason="the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers TP-overlap config "
-           "(scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with dropless, "
-           "force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")
-
-#: Stack recipes keyed by words of the run's `source`; the first match wins.
-STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
-    # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
-    ("25.09 nemo container", replace(_MEGATRON_BRIDGE_RECIPE, moe_dropless=False)),
-    ("megatron-bridge", _MEGATRON_BRIDGE_RECIPE),
-    ("nvidia/nemo", _NEMO2_RECIPE),
-    ("nemo framework", _NEMO2_RECIPE),
-)
-
-
 def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
     """`options` with the settings the run's stack is known to have used (STACK_RECIPES)."""
     options = options or StepOptions()
-    source = run.source.lower()
-    for key, recipe in STACK_RECIPES:
-        if key in source:
-            return replace(options, memory=replace(options.memory, grad_dtype=recipe.grad_dtype),
-                           tp_comm_overlap=recipe.tp_comm_overlap, ep_imbalance=recipe.ep_imbalance,
-                           moe_dropless=recipe.moe_dropless)
-    return options
+    recipe = stack_recipe(run)
+    if recipe is None:
+        return options
+    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless")
+    changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
+    if recipe.grad_dtype is not None:
+        changes["memory"] = replace(options.memory, grad_dtype=recipe.grad_dtype)
+    return replace(options, **changes)
 
 
 def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str) -> CalibrationProfile:
