@@ -81,8 +81,7 @@ def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: 
         v = model.heads * mla.v_head_dim
         # q/k/v up-projections' outputs (sharded) and the attention output
         tp_bytes = ACT_BYTES * (2 * qk + 2 * v) / tp
-        if gemm_input_bytes != ACT_BYTES:
-            tp_bytes += gemm_input_bytes * v / tp  # the output projection's own fp8 copy of its input
+        output_width = v / tp
         # latent paths (replicated across TP here): q down out + its norm out, kv down out + its norm out
         seq += ACT_BYTES * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
     else:
@@ -90,8 +89,9 @@ def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: 
         q_local = model.heads * d / tp
         kv_local = d * model.kv_heads / min(tp, model.kv_heads)  # one whole KV head when tp > kv_heads
         tp_bytes = ACT_BYTES * (2 * q_local + 2 * kv_local)  # Q, attention output; K, V
-        if gemm_input_bytes != ACT_BYTES:
-            tp_bytes += gemm_input_bytes * q_local  # the output projection's own fp8 copy of its input
+        output_width = q_local
+    if gemm_input_bytes != ACT_BYTES:
+        tp_bytes += gemm_input_bytes * output_width  # the output projection's own fp8 copy of its input
     if flash_attention:
         tp_bytes += FP32_BYTES * model.heads / tp  # log-sum-exp per head and token
     return seq, tp_bytes
