@@ -159,3 +159,18 @@ def test_a_job_that_does_not_fill_whole_nodes_spreads_evenly() -> None:
         node_as_used(dgx, 13)
     with pytest.raises(InputError, match="spread evenly"):
         Cluster(catalog.gpu("h100-sxm"), dgx, 13, Fabric(catalog.network("ndr400")))
+
+
+def test_expert_groups_follow_the_expert_tensor_parallel_degree() -> None:
+    # Megatron-Core orders expert ranks etp fastest, then ep, then edp. With etp = tp = 2 an ep-64 group takes every
+    # second rank (4 per 8-GPU node, 16 nodes); with etp = 1 (Megatron-Bridge's MoE presets) it is 64 consecutive
+    # ranks: 8 per node on 8 nodes, and the 2 groups of a 128-rank stage hold the same experts (edp = 2).
+    big = cluster(1024)
+    strided = Layout(tp=2, dp=64, pp=8, ep=64, sequence_parallel=True)
+    span = group_span(strided, "ep", big)
+    assert (span.size, span.per_node, span.nodes) == (64, 4, 16)
+    folded = strided.with_(expert_tp=1)
+    span = group_span(folded, "ep", big)
+    assert (span.size, span.per_node, span.nodes) == (64, 8, 8)
+    expert_dp = group_span(folded, "edp", big)
+    assert (expert_dp.size, expert_dp.per_node, expert_dp.nodes) == (2, 1, 2)

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from gpufleet.catalog.records import ModelSpec, MoESpec
 from gpufleet.errors import InputError, LayoutError
-from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches
-from gpufleet.parallel.layout import Layout
+from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches, layer_terms
+from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import (
     MemoryAssumptions,
     MemoryBreakdown,
@@ -19,7 +19,7 @@ from gpufleet.parallel.memory import (
     peak_stage_memory,
     stage_memory,
 )
-from gpufleet.workload.params import count_params
+from gpufleet.workload.params import count_params, layer_params
 
 GIB = 2**30
 
@@ -189,6 +189,35 @@ def test_fp8_moe_layer_keeps_the_router_input_in_bf16() -> None:
     bf16 = activation_bytes_per_layer(moe, layout, seq_len=1, micro_batch=1)
     fp8 = activation_bytes_per_layer(moe, layout, seq_len=1, micro_batch=1, fp8=True)
     assert fp8 - bf16 == pytest.approx(-h - top_k * h - top_k * f + q_width)
+
+
+def test_moe_layer_keeps_the_dispatched_inputs_but_not_the_expert_outputs() -> None:
+    """Per token, a MoE layer saves what a dense layer saves at its MLP input, plus the fp32 router probabilities
+    (4 bytes per expert) and the top_k dispatched copies (2 bytes each). The expert outputs are not kept: the
+    routing weights multiply inside the experts' activation (Megatron-Core >= 0.13), so the combine saves nothing.
+    Small MoE (16 experts, top-2, h 1024): 4·16 + 2·2·1024 = 4160 bytes."""
+    moe_terms = layer_terms(MOE, 1, moe_layer=True)
+    dense_terms = layer_terms(MOE, 1, moe_layer=False)
+    assert moe_terms.seq - dense_terms.seq == pytest.approx(4 * 16 + 2 * 2 * 1024)
+
+
+def test_experts_without_tensor_parallelism_hold_tp_times_the_expert_weights() -> None:
+    """etp = 1 (Megatron-Bridge's MoE presets) keeps whole experts: each GPU holds experts/ep of them at full width,
+    tp times what etp = tp holds. Weight bytes (bf16) differ by 2 · n_moe_layers · routed · (1/ep − 1/(ep·tp))."""
+    routed = layer_params(MOE, MOE.layers - 1).routed_experts
+    moe_layers = MOE.layers - 1  # one leading dense layer
+    folded = Layout(tp=2, dp=8, ep=8, expert_tp=1, sequence_parallel=True)
+    split = folded.with_(expert_tp=2)
+    kwargs = {"seq_len": 1024, "global_batch": 8, "precision": "bf16", "stage": 0}
+    difference = stage_memory(MOE, folded, **kwargs).weights_bytes - stage_memory(MOE, split, **kwargs).weights_bytes
+    assert difference == pytest.approx(2 * moe_layers * routed * (1 / 8 - 1 / 16))
+
+
+def test_expert_tensor_parallel_degree_must_divide_tp() -> None:
+    with pytest.raises(LayoutError, match="expert_tp=3"):
+        validate_layout(Layout(tp=2, dp=8, ep=8, expert_tp=3), MOE, 16, 16, 1024)
+    assert "etp1" in Layout(tp=2, dp=8, ep=8, expert_tp=1).short()
+    assert "etp" not in Layout(tp=2, dp=8, ep=8, expert_tp=2).short()  # the default degree is not spelled out
 
 
 @pytest.mark.parametrize("model_id, layout, seq, batch", [

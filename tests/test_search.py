@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
-from gpufleet.parallel.layout import validate_layout
-from gpufleet.planner.search import SearchSpace, enumerate_layouts, search
+from gpufleet.parallel.layout import Layout, validate_layout
+from gpufleet.planner.search import Candidate, SearchSpace, enumerate_layouts, evaluate, search
 from gpufleet.workload.job import Job
 
 CATALOG = load_catalog()
@@ -55,3 +57,22 @@ def test_nothing_fits_reports_the_closest_miss() -> None:
     _, over = result.closest_misses[0]
     assert over > 0
     assert all(over <= other for _, other in result.closest_misses)
+
+
+def test_hbm_tolerance_admits_layouts_within_the_memory_models_margin() -> None:
+    # validate fills a published run's unknown fields with SearchSpace(hbm_tolerance=...): the run did fit, so a
+    # layout the memory model puts 2 % over HBM is still a candidate there, while plan (tolerance 0) refuses it.
+    job = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=64)
+    layout = Layout(dp=8, sharding="zero1", micro_batch=1, recompute="full")
+    fits = evaluate(job, layout, cluster(8), CAL)
+    assert isinstance(fits, Candidate)
+    tight_gpu = H100.model_copy(update={"hbm_gib": fits.memory.total_bytes / 1.02 / 2**30})
+    tight = Cluster(tight_gpu, CATALOG.node("dgx-h100"), 8, Fabric(CATALOG.network("ndr400")))
+    refused = evaluate(job, layout, tight, CAL)
+    assert not isinstance(refused, Candidate) and refused[0] == "memory"
+    assert refused[1] == pytest.approx(fits.memory.total_bytes * (1 - 1 / 1.02), rel=1e-6)
+    assert isinstance(evaluate(job, layout, tight, CAL, hbm_tolerance=0.036), Candidate)
+    fixed = {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "sharding": "zero1", "micro_batch": 1, "recompute": "full",
+             "sequence_parallel": False}
+    assert search(job, tight, CAL, fixed=fixed).best is None
+    assert search(job, tight, CAL, fixed=fixed, space=SearchSpace(hbm_tolerance=0.036)).best is not None

@@ -122,8 +122,10 @@ def layer_terms(
         seq += 1.0 * h  # dropout mask after the MLP
     if is_moe and moe is not None:
         seq += FP32_BYTES * moe.experts  # router probabilities (fp32)
-        # dispatched copies of each token (input of the experts) and expert outputs kept for the combine
-        seq += moe.top_k * (gemm_input + ACT_BYTES) * h
+        # dispatched copies of each token (the experts' fc1 input). The expert outputs are not kept: since
+        # Megatron-Core 0.13 the routing weights multiply inside the experts' activation function instead of
+        # the un-permute, so the combine needs no saved outputs (MoE README, "memory efficient token permutation").
+        seq += moe.top_k * gemm_input * h
         tp_bytes += _mlp_tp_bytes(model, moe.top_k * moe.expert_ffn_hidden, gemm_input) / tp
         tp_bytes += _mlp_tp_bytes(model, moe.shared_experts * moe.expert_ffn_hidden, gemm_input) / tp
     else:

@@ -39,6 +39,9 @@ class Layout:
     offload_optimizer: bool = False
     hsdp_group: int = 8
     order: tuple[str, ...] = DEFAULT_ORDER
+    #: tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size); None = the
+    #: convention of `expert_parallel_degrees`
+    expert_tp: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -59,6 +62,8 @@ class Layout:
             parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+            if self.expert_tp is not None and self.expert_tp != self.tp:
+                parts.append(f"etp{self.expert_tp}")
         parts.append(f"dp{self.dp}")
         parts.append(f"mb{self.micro_batch}")
         if self.sharding != "none":
@@ -68,6 +73,19 @@ class Layout:
         if self.offload_optimizer:
             parts.append("offload")
         return " ".join(parts)
+
+
+def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
+    """(etp, edp): expert tensor- and data-parallel degrees. An explicit `expert_tp` wins; otherwise etp = tp
+    when ep divides dp·cp (Megatron-Core's default --expert-tensor-parallel-size = tp), else etp = 1 (MoE
+    parallel folding). edp = dp·cp·tp / (ep·etp) ranks hold the same experts."""
+    if layout.ep == 1:
+        return layout.tp, layout.dp * layout.cp
+    if layout.expert_tp is not None:
+        etp = layout.expert_tp
+    else:
+        etp = layout.tp if (layout.dp * layout.cp) % layout.ep == 0 else 1
+    return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
 
 
 def micro_batches_per_step(layout: Layout, global_batch: int) -> int:
@@ -116,6 +134,10 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
             raise broken("ep-experts", f"ep={layout.ep} must divide the {model.moe.experts} experts")
         if (layout.dp * layout.cp * layout.tp) % layout.ep:
             raise broken("ep-ranks", f"ep={layout.ep} must divide dp*cp*tp={layout.dp * layout.cp * layout.tp}")
+        if layout.expert_tp is not None and (layout.expert_tp < 1 or layout.tp % layout.expert_tp
+                                             or (layout.dp * layout.cp * layout.tp) % (layout.ep * layout.expert_tp)):
+            raise broken("etp", f"expert_tp={layout.expert_tp} must divide tp={layout.tp}, and ep*expert_tp "
+                         f"must divide dp*cp*tp={layout.dp * layout.cp * layout.tp}")
     if global_batch % layout.dp:
         raise broken("dp-batch", f"dp={layout.dp} must divide the global batch {global_batch}")
     if (global_batch // layout.dp) % layout.micro_batch:

@@ -19,10 +19,11 @@ Conventions (docs/memory.md has the full list with sources):
   (Megatron keeps a copy of the word embeddings on the last stage and all-reduces their gradients).
 * TP shards attention, dense-MLP and shared-expert matrices and the vocabulary; norms and router are
   replicated.
-* Experts: EP splits the routed experts over ep ranks. Expert tensor parallelism etp = tp when ep divides
-  dp·cp (Megatron-Core's default `--expert-tensor-parallel-size` = tp), else etp = 1 (MoE parallel folding,
-  which `validate_layout` allows because it only asks that ep divide dp·cp·tp). Expert data parallelism is
-  then edp = dp·cp·tp/(ep·etp), and ZeRO/FSDP shard expert states over edp.
+* Experts: EP splits the routed experts over ep ranks. Expert tensor parallelism etp is the layout's
+  `expert_tp` when set; otherwise etp = tp when ep divides dp·cp (Megatron-Core's default
+  `--expert-tensor-parallel-size` = tp), else etp = 1 (MoE parallel folding, which `validate_layout` allows
+  because it only asks that ep divide dp·cp·tp). Expert data parallelism is then edp = dp·cp·tp/(ep·etp),
+  and ZeRO/FSDP shard expert states over edp.
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ from gpufleet.parallel.activations import (
     layer_terms,
     output_activation_bytes,
 )
-from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_indices, validate_layout
+from gpufleet.parallel.layout import (
+    Layout,
+    expert_parallel_degrees,
+    micro_batches_per_step,
+    stage_layer_indices,
+    validate_layout,
+)
 from gpufleet.workload.params import embedding_params, layer_params, output_params
 
 GradDtype = Literal["fp32", "bf16"]
@@ -150,14 +157,6 @@ def _constants(model: ModelSpec) -> _ModelConstants:
 @lru_cache(maxsize=1024)
 def _terms(model: ModelSpec, tp: int, moe_layer: bool, flash: bool, dropout: bool, fp8: bool) -> LayerActivationTerms:
     return layer_terms(model, tp, moe_layer=moe_layer, flash_attention=flash, dropout=dropout, fp8=fp8)
-
-
-def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
-    """(etp, edp): expert tensor- and data-parallel degrees under gpufleet's convention (module docstring)."""
-    if layout.ep == 1:
-        return layout.tp, layout.dp * layout.cp
-    etp = layout.tp if (layout.dp * layout.cp) % layout.ep == 0 else 1
-    return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
 
 
 def _dense_layers_on_stage(model: ModelSpec, layout: Layout, stage: int, dense_layers: int) -> int:

@@ -17,8 +17,8 @@ from gpufleet.catalog.records import ModelSpec
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, GroupSpan, Placement, group_span
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import Layout, micro_batches_per_step, stage_layer_split
-from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions, expert_parallel_degrees
+from gpufleet.parallel.layout import Layout, expert_parallel_degrees, micro_batches_per_step, stage_layer_split
+from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
@@ -121,6 +121,7 @@ def stage_parameters(job: Job, layout: Layout, stage: int) -> _StageParams:
     model = job.model
     first_moe = model.layers if model.moe is None else model.moe.dense_layers
     n_dense, n_moe = stage_layer_split(model.layers, layout.pp, layout.vpp, first_moe)[stage]
+    etp, _ = expert_parallel_degrees(layout)
     dense = 0.0
     expert = 0.0
     for count, index in ((n_dense, 0), (n_moe, model.layers - 1)):
@@ -129,7 +130,7 @@ def stage_parameters(job: Job, layout: Layout, stage: int) -> _StageParams:
         layer = layer_params(model, index)
         dense += count * ((layer.attention + layer.dense_mlp + layer.shared_experts) / layout.tp
                           + layer.norms + layer.router)
-        expert += count * layer.routed_experts / (layout.ep * layout.tp)
+        expert += count * layer.routed_experts / (layout.ep * etp)
     if stage == 0:
         dense += embedding_params(model) / layout.tp
     if stage == layout.pp - 1:
@@ -190,7 +191,7 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
     if layout.sharding != "none":
         gather_s, _ = _chunked_s("all-gather", params.dense * ACTIVATION_BYTES, units, "dp_cp", layout, cluster,
                                  options)
-    if params.expert and layout.dp * layout.cp // layout.ep > 1:
+    if params.expert and expert_parallel_degrees(layout)[1] > 1:
         expert_units = stage_layers if sharded else math.ceil(params.expert / DP_BUCKET_ELEMENTS)
         more, _ = _chunked_s(reduce_op, params.expert * GRAD_WIRE_BYTES, expert_units, "edp", layout, cluster,
                              options)
@@ -220,7 +221,7 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
 def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfile, params: _StageParams) -> float:
     """Adam over this GPU's shard of the parameters: HBM-bound (CPU-bound when offloaded)."""
     shard = layout.dp * layout.cp if layout.sharding != "none" else 1
-    expert_shard = max(1, layout.dp * layout.cp // layout.ep) if layout.sharding != "none" else 1
+    expert_shard = expert_parallel_degrees(layout)[1] if layout.sharding != "none" else 1
     local_params = params.dense / shard + params.expert / expert_shard
     seconds = local_params * OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction)
     if layout.offload_optimizer:
@@ -281,10 +282,10 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     ep_per_layer_s = 0.0
     ep_link = ""
     if model.moe is not None and layout.ep > 1:
-        # Under sequence parallelism each TP rank routes its own 1/tp of the tokens; only when the experts are
-        # themselves tensor-parallel (etp = tp) does every rank of the TP group send the whole sequence.
+        # Under sequence parallelism each TP rank routes its own 1/tp of the tokens, gathered over the etp ranks
+        # that share an expert: with etp = tp every rank of the TP group sends the whole sequence.
         etp, _ = expert_parallel_degrees(layout)
-        routed_tokens = tokens_mb / layout.tp if layout.sequence_parallel and etp == 1 else tokens_mb
+        routed_tokens = tokens_mb * etp / layout.tp if layout.sequence_parallel else tokens_mb
         dispatch_bytes = routed_tokens * model.moe.top_k * model.hidden * ACTIVATION_BYTES
         a2a = _cost("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
         ep_link = a2a.link

@@ -213,23 +213,32 @@ class StackRecipe:
     tp_comm_overlap: bool | None = None
     ep_imbalance: float | None = None
     moe_dropless: bool | None = None
+    expert_tp: int | None = None
+    sharding: Sharding | None = None  # fills a run's null sharding
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
 #: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
 #: overlap settings; their MoE routing is not stated, so the default imbalance stays.
 _NEMO2_RECIPE = StackRecipe(
-    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True,
+    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, sharding="zero1",
     reason=f"{_TE_ATTENTION}; NeMo 2 performance scripts (scripts/performance/llm/*): "
-           "plugins.grad_reduce_in_fp32 = False, userbuffers TP-overlap configs")
+           "plugins.grad_reduce_in_fp32 = False, userbuffers TP-overlap configs, and the recipes' "
+           "distributed_fused_adam_with_cosine_annealing optimizer (use_distributed_optimizer=True: ZeRO-1)")
 _MEGATRON_BRIDGE_RECIPE = StackRecipe(
-    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0,
-    reason=f"{_TE_ATTENTION}; the performance recipes set ddp.grad_reduce_in_fp32=False and a userbuffers "
-           "TP-overlap config (scripts/performance/configs/*/*_llm_pretrain.py) and benchmark MoE models with "
-           "dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")
+    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0, expert_tp=1,
+    sharding="zero1",
+    reason=f"{_TE_ATTENTION}; the performance recipes set ddp.grad_reduce_in_fp32=False, a userbuffers "
+           "TP-overlap config and the distributed optimizer (ZeRO-1; FSDP only where a row says so: "
+           "perf_matrix 'fsdp: false') (scripts/performance/configs/*/*_llm_pretrain.*), their MoE base configs set "
+           "expert_tensor_parallel_size=1 (configs/deepseek, configs/qwen *_workload_base_configs.py), and they "
+           "benchmark MoE models with dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")
 
 #: Stack recipes keyed by words of the run's `source`; the first match wins.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
+    ("2407.21783", StackRecipe(sharding="zero2", reason=(
+        "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
+        "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
     ("llm-foundry", StackRecipe(attention_kernel="flash-v1", reason=(
         "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
         "(scripts/train/benchmarking/submit_benchmarks.py)"))),

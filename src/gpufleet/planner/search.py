@@ -26,6 +26,8 @@ class SearchSpace:
     vpps: tuple[int, ...] = (1, 2, 4)
     cps: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_tp: int | None = None  # default: the scale-up domain (TP across nodes is never faster)
+    #: fraction of HBM a layout's estimate may exceed and still count as fitting (0 for planning)
+    hbm_tolerance: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +83,9 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                     continue
                 per_replica = job.global_batch // dp
                 eps = [1]
+                expert_tp = fixed.get("expert_tp")
                 if model.moe is not None:
-                    eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
+                    eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % (e * (expert_tp or 1)) == 0]
                 for ep in options("ep", eps):
                     vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))]
                     for vpp in options("vpp", vpps):
@@ -95,12 +98,13 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                     for sp in options("sequence_parallel", sps):
                                         yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
                                                      sequence_parallel=sp, sharding=sharding,
-                                                     micro_batch=mb, recompute=recompute)
+                                                     micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
 
 
 def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
-             options: StepOptions | None = None) -> Candidate | tuple[str, float]:
-    """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit."""
+             options: StepOptions | None = None, *, hbm_tolerance: float = 0.0) -> Candidate | tuple[str, float]:
+    """A Candidate, or (reason, bytes over HBM × (1 + hbm_tolerance)) when the layout is invalid or does
+    not fit."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
@@ -108,7 +112,7 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     assumptions = (options or StepOptions()).memory
     stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
                                       precision=job.precision, assumptions=assumptions)
-    over = memory.total_bytes - cluster.gpu.hbm_bytes
+    over = memory.total_bytes - cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
     if over > 0:
         return "memory", over
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
@@ -119,13 +123,14 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
            progress: Callable[[int], None] | None = None) -> SearchResult:
     """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
     options = options or StepOptions()
+    hbm_tolerance = (space or SearchSpace()).hbm_tolerance
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
     misses: list[tuple[Layout, float]] = []
     tried = 0
     for layout in enumerate_layouts(job, cluster, space, fixed):
         tried += 1
-        outcome = evaluate(job, layout, cluster, calibration, options)
+        outcome = evaluate(job, layout, cluster, calibration, options, hbm_tolerance=hbm_tolerance)
         if isinstance(outcome, Candidate):
             feasible.append(outcome)
         else:

@@ -12,7 +12,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job, run_step_options
+from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job, run_step_options, stack_recipe
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -63,10 +63,15 @@ class RunPrediction:
         }
 
 
+#: The memory model's largest over-estimate against measured peaks (docs/memory.md, calibration table: +3.6 %).
+#: A published run did fit, so a layout for its null fields that the model puts within this margin over HBM
+#: may be the one it ran.
+MEMORY_MODEL_OVERESTIMATE = 0.036
 #: Values tried for a run's null layout fields: every degree the stacks offer, wider than `plan`'s default
 #: search (ZeRO-2, as FSDP's SHARD_GRAD_OP and Llama 3's training used; up to 8 virtual stages, as
 #: Megatron-Bridge's 405B recipes use).
-FILL_SPACE = SearchSpace(max_tp=64, shardings=("none", "zero1", "zero2", "zero3"), vpps=(1, 2, 4, 8))
+FILL_SPACE = SearchSpace(max_tp=64, shardings=("none", "zero1", "zero2", "zero3"), vpps=(1, 2, 4, 8),
+                         hbm_tolerance=MEMORY_MODEL_OVERESTIMATE)
 
 
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
@@ -91,6 +96,12 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         if fixed["cp"] is None:
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
                 else None
+        recipe = stack_recipe(run)
+        if recipe is not None:  # what the stack is documented to use is not the planner's to choose
+            if recipe.sharding is not None and fixed["sharding"] is None:
+                fixed["sharding"] = recipe.sharding
+            if job.model.moe is not None and recipe.expert_tp is not None:
+                fixed["expert_tp"] = recipe.expert_tp
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
         if not result.filled:
             layout = Layout(**dict(fixed.items()))
