@@ -76,3 +76,20 @@ def test_hbm_tolerance_admits_layouts_within_the_memory_models_margin() -> None:
              "sequence_parallel": False}
     assert search(job, tight, CAL, fixed=fixed).best is None
     assert search(job, tight, CAL, fixed=fixed, space=SearchSpace(hbm_tolerance=0.036)).best is not None
+
+
+def test_moe_layouts_try_whole_experts_where_megatron_would_split_them() -> None:
+    # Qwen3-30B-A3B on 16 H100, tp 2: where ep divides dp·cp Megatron-Core's default splits each expert over the TP
+    # pair (etp = tp), and the search also tries whole experts (etp 1, MoE parallel folding); where ep does not
+    # divide dp·cp the default is already etp 1 and there is nothing else to try. Dense models never vary it.
+    job = Job(CATALOG.model("qwen3-30b-a3b"), tokens=1e12, seq_len=4096, global_batch=64)
+    fixed = {"tp": 2, "pp": 1, "cp": 1, "micro_batch": 1, "recompute": "none", "sharding": "zero1",
+             "sequence_parallel": True}
+    layouts = list(enumerate_layouts(job, cluster(16), SearchSpace(), fixed=fixed))
+    by_ep: dict[int, set[int | None]] = {}
+    for layout in layouts:
+        by_ep.setdefault(layout.ep, set()).add(layout.expert_tp)
+    assert by_ep[8] == {None, 1}  # dp 8: ep 8 divides it
+    assert by_ep[16] == {None}  # ep 16 does not divide dp 8: the default is etp 1 already
+    dense = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=64)
+    assert {lay.expert_tp for lay in enumerate_layouts(dense, cluster(16), SearchSpace(), fixed=fixed)} == {None}

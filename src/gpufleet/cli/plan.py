@@ -16,6 +16,7 @@ from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
+from gpufleet.parallel.layout import expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
 from gpufleet.report.html import plan_report_html
@@ -33,7 +34,8 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         "rank": plan.rank,
         "layout": {
             "tp": plan.layout.tp, "pp": plan.layout.pp, "dp": plan.layout.dp, "cp": plan.layout.cp,
-            "ep": plan.layout.ep, "vpp": plan.layout.vpp, "sequence_parallel": plan.layout.sequence_parallel,
+            "ep": plan.layout.ep, "expert_tp": expert_parallel_degrees(plan.layout)[0], "vpp": plan.layout.vpp,
+            "sequence_parallel": plan.layout.sequence_parallel,
             "sharding": plan.layout.sharding, "micro_batch": plan.layout.micro_batch,
             "recompute": plan.layout.recompute, "label": plan.layout.short(),
         },

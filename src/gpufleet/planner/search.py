@@ -26,6 +26,9 @@ class SearchSpace:
     vpps: tuple[int, ...] = (1, 2, 4)
     cps: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_tp: int | None = None  # default: the scale-up domain (TP across nodes is never faster)
+    #: MoE models with tp > 1: Megatron-Core's default expert TP (None: etp = tp when ep divides dp·cp) and whole
+    #: experts (1, "MoE parallel folding", what Megatron-Bridge's MoE presets use)
+    expert_tps: tuple[int | None, ...] = (None, 1)
     #: fraction of HBM a layout's estimate may exceed and still count as fitting (0 for planning)
     hbm_tolerance: float = 0.0
 
@@ -58,6 +61,16 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _expert_tps(space: SearchSpace, fixed: dict[str, Any], tp: int, ep: int, dp_cp: int) -> list[int | None]:
+    """Expert tensor-parallel degrees worth trying: only MoE layouts with tp > 1 have a choice, and whole experts
+    (1) is tried only where Megatron-Core's default would split them (ep divides dp·cp)."""
+    if "expert_tp" in fixed and fixed["expert_tp"] is not None:
+        return [fixed["expert_tp"]] if (dp_cp * tp) % (ep * fixed["expert_tp"]) == 0 else []
+    if ep == 1 or tp == 1 or dp_cp % ep:
+        return [None]
+    return list(space.expert_tps)
+
+
 def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = None,
                       fixed: dict[str, Any] | None = None) -> Iterator[Layout]:
     """Every combination of degrees the space allows; `fixed` pins fields (e.g. from a published run)."""
@@ -83,10 +96,10 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                     continue
                 per_replica = job.global_batch // dp
                 eps = [1]
-                expert_tp = fixed.get("expert_tp")
                 if model.moe is not None:
-                    eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % (e * (expert_tp or 1)) == 0]
-                for ep in options("ep", eps):
+                    eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
+                experts = [(ep, etp) for ep in options("ep", eps) for etp in _expert_tps(space, fixed, tp, ep, dp * cp)]
+                for ep, expert_tp in experts:
                     vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))]
                     for vpp in options("vpp", vpps):
                         mbs = [b for b in space.micro_batches if per_replica % b == 0
