@@ -16,8 +16,9 @@ from gpufleet.fabric.placement import group_span
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions
-from gpufleet.planner.ranking import rank_groups, spearman
+from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
 from gpufleet.planner.runs import (
+    PublishedRun,
     cited_years,
     load_runs,
     run_calibration,
@@ -235,3 +236,41 @@ def test_vtrain_ranking(vtrain: tuple[list, list]) -> None:
     assert groups["GPT 3.6B"]["pick_layout"].startswith("tp1 pp1 dp64 mb8")
     assert groups["GPT 39.1B"]["regret"] <= 0.02
     assert max(row["regret"] for row in groups.values()) <= 0.05
+
+
+def test_smooth_model_ceiling_by_hand() -> None:
+    # Four runs of one (tp, pp) sub-group whose tokens/s follow W·(m+pp-1)/m + c·(m+pp-1) exactly: the fit
+    # reproduces them, so the ceiling is a perfect 1. Swapping two measurements that no smooth curve orders that
+    # way (mb 4 slower than both mb 2 and mb 8) pulls it below 1.
+    template = load_runs(DATA.parent.parent / "src/gpufleet/catalog/runs/vtrain_runs.yaml")[0]
+    pp, global_batch, dp = 4, 512, 8
+
+    def run(micro_batch: int, tokens_per_s: float) -> PublishedRun:
+        layout = template.layout.model_copy(update={"tp": 2, "pp": pp, "dp": dp, "micro_batch": micro_batch,
+                                                    "vpp": 1, "cp": 1, "ep": 1})
+        target = template.target.model_copy(update={"tokens_per_s_per_gpu": tokens_per_s})
+        return template.model_copy(update={"layout": layout, "target": target, "global_batch": global_batch})
+
+    def tokens_per_s(micro_batch: int) -> float:
+        m = global_batch / (dp * micro_batch)
+        return 1.0 / (10.0 * (m + pp - 1) / m + 0.05 * (m + pp - 1))
+
+    smooth = [run(mb, tokens_per_s(mb)) for mb in (1, 2, 4, 8)]
+    assert smooth_model_ceiling(smooth) == pytest.approx(1.0)
+    swapped = [run(1, tokens_per_s(1)), run(2, tokens_per_s(4)), run(4, tokens_per_s(2) * 0.9),
+               run(8, tokens_per_s(8))]
+    assert smooth_model_ceiling(swapped) < 1.0
+
+
+def test_vtrain_18b_group_is_noisier_than_the_rank_target(vtrain: tuple[list, list]) -> None:
+    # Issue 7 asks for Spearman >= 0.9 in every group. In the 18.4B group even a model told each (tp, pp)
+    # sub-group's work and per-micro-batch cost, fitted to the measurements themselves, reaches only 0.89:
+    # tp4 pp2 runs 10.03 s at mb 2, 10.95 s at mb 4 and 10.86 s at mb 8 (vTrain's ground_truth_multi.csv).
+    runs, predictions = vtrain
+    groups = {row["group"].split(" (")[0]: row for row in rank_groups(runs, predictions)["groups"]}
+    assert groups["GPT 18.4B"]["smooth_model_ceiling"] < 0.9
+    # ... and that model's pick is more than 2 % slower than the measured best (tp8 pp1 is 9.60 s at mb 8 but
+    # 10.45 s at mb 2 and 10.51 s at mb 16), so the regret target asks for the same scatter.
+    assert groups["GPT 18.4B"]["smooth_model_regret"] > 0.02
+    assert groups["GPT 39.1B"]["smooth_model_ceiling"] > 0.9  # reachable in principle; the model is at 0.65
+    assert all(row["spearman"] <= row["smooth_model_ceiling"] + 0.05 for row in groups.values())

@@ -4,6 +4,13 @@ model, GPU type and GPU count but differ in layout (vTrain's 109 A100 runs are t
 Per group: Spearman rank correlation between predicted and measured tokens/s; the measured-best
 layout; the planner's pick (its fastest prediction among the group's layouts) and the regret
 (measured step time of the pick / measured best − 1); and the overlap of the two top-3 sets.
+
+Each group also gets a *smooth-model ceiling* (and that model's regret): the Spearman correlation reached by
+a model that is told
+each sub-group's (same tp, pp, cp, ep, vpp) per-sample work W and per-micro-batch cost c — fitted to the
+measurements themselves, step = W·(m + (pp−1)/vpp)/m + c·(m + (pp−1)/vpp) over the m micro-batches — and
+is otherwise smooth in micro-batch size. Sub-groups too small to fit keep their measured values. Measured
+scatter that no smooth dependence on micro-batch size reproduces keeps any mechanistic model below it.
 """
 
 from __future__ import annotations
@@ -42,6 +49,36 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+def smooth_model_fit(runs: list[PublishedRun]) -> list[float]:
+    """Tokens/s per GPU of the per-sub-group two-parameter fit to the measurements (module docstring)."""
+    step = np.array([1.0 / run.target.tokens_per_s_per_gpu for run in runs])  # ∝ step time within a group
+    fitted = step.copy()
+    subgroups: dict[tuple[object, ...], list[int]] = {}
+    for index, run in enumerate(runs):
+        layout = run.layout
+        subgroups.setdefault((layout.tp, layout.pp, layout.cp, layout.ep, layout.vpp), []).append(index)
+    for indices in subgroups.values():
+        if len(indices) < 3:  # two parameters: a fit through two points is exact anyway
+            continue
+        columns = []
+        for index in indices:
+            run = runs[index]
+            layout = run.layout
+            dp, mb = layout.dp or 1, layout.micro_batch or 1
+            micro_batches = (run.global_batch or dp * mb) / (dp * mb)
+            slots = micro_batches + ((layout.pp or 1) - 1) / (layout.vpp or 1)
+            columns.append((slots / micro_batches, slots))
+        design = np.array(columns)
+        solution, *_ = np.linalg.lstsq(design, step[indices], rcond=None)
+        fitted[indices] = design @ solution
+    return [1.0 / value for value in fitted]
+
+
+def smooth_model_ceiling(runs: list[PublishedRun]) -> float:
+    """Spearman between measured tokens/s and the smooth-model fit: what a smooth model can reach."""
+    return spearman(smooth_model_fit(runs), [run.target.tokens_per_s_per_gpu for run in runs])
+
+
 def group_key(run: PublishedRun) -> str:
     return f"{run.model.name} / {run.hardware.gpu} x {run.hardware.num_gpus}"
 
@@ -70,6 +107,7 @@ def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> d
         top_measured = set(sorted(range(len(members)), key=lambda i: -measured[i])[:3])
         top_predicted = set(sorted(range(len(members)), key=lambda i: -predicted[i])[:3])
         errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
+        smooth = smooth_model_fit([run for run, _ in members])
         scored.append({
             "group": key,
             "runs": len(members),
@@ -81,6 +119,8 @@ def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> d
             "regret": regret,
             "top3_overlap": len(top_measured & top_predicted) / 3,
             "median_abs_error": statistics.median(errors),
+            "smooth_model_ceiling": spearman(smooth, measured),
+            "smooth_model_regret": measured[best_measured] / measured[int(np.argmax(smooth))] - 1,
         })
     return {"groups": scored, "skipped_groups": skipped}
 
@@ -91,13 +131,17 @@ def _layout_text(prediction: RunPrediction) -> str:
 
 def render_ranking(console: Console, ranking: dict[str, Any]) -> None:
     table = Table(title="layout ranking per group (same model, GPU and count)", title_justify="left")
-    for column in ("group", "runs", "Spearman", "regret", "top-3", "median |err|", "measured best", "pick"):
+    for column in ("group", "runs", "Spearman", "ceiling", "regret", "top-3", "median |err|", "measured best",
+                   "pick"):
         table.add_column(column)
     for row in ranking["groups"]:
-        table.add_row(row["group"], str(row["runs"]), f"{row['spearman']:.2f}", f"{row['regret']:.1%}",
+        table.add_row(row["group"], str(row["runs"]), f"{row['spearman']:.2f}", f"{row['smooth_model_ceiling']:.2f}",
+                      f"{row['regret']:.1%}",
                       f"{row['top3_overlap']:.0%}", f"{row['median_abs_error']:.1%}", row["measured_best_layout"],
                       row["pick_layout"])
     console.print(table)
+    console.print("ceiling: the Spearman a model smooth in micro-batch size reaches when told each (tp, pp, cp, ep, "
+                  "vpp) sub-group's work and per-micro-batch cost, fitted to the measurements themselves")
     if ranking["skipped_groups"]:
         console.print("groups with fewer than 4 runs (not scored): " + ", ".join(
             f"{g['group']} ({g['runs']})" for g in ranking["skipped_groups"]))
