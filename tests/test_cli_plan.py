@@ -63,6 +63,7 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "--tokens", "lots"],
     ["plan", "--precision", "fp64"],
     ["plan", "--topology", "torus"],
+    ["plan", "--ep-dispatch", "ring"],
     ["plan", "--explain", "99", "--top", "3"],
     ["validate", "--runs", "/nonexistent.yaml"],
 ])

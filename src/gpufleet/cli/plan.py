@@ -18,6 +18,7 @@ from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
+from gpufleet.perf.step import StepOptions
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
 from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import write_series_plot
@@ -167,6 +168,14 @@ def register(app: typer.Typer) -> None:
         fabric_model: str = typer.Option("analytical", "--fabric-model",
                                          help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
                                          "with the flow-level simulator on the topology graph."),
+        overlap_tp: bool = typer.Option(False, "--overlap-tp", help="The framework hides tensor-parallel "
+                                        "communication behind GEMMs (Megatron's --tp-comm-overlap, userbuffers)."),
+        overlap_ep: bool = typer.Option(False, "--overlap-ep", help="The expert all-to-all runs while another "
+                                        "micro-batch computes (DualPipe; Megatron-Core's "
+                                        "--overlap-moe-expert-parallel-comm)."),
+        ep_dispatch: str = typer.Option("all-to-all", "--ep-dispatch", help="all-to-all (one copy per routed "
+                                        "expert) or node-dedup (a token crosses the network once per destination "
+                                        "node: DeepEP, HybridEP)."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -190,6 +199,8 @@ def register(app: typer.Typer) -> None:
             raise InputError("--seq and --global-batch must be positive")
         if fabric_model not in ("analytical", "sim"):
             raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
+        if ep_dispatch not in ("all-to-all", "node-dedup"):
+            raise InputError(f"--ep-dispatch must be all-to-all or node-dedup, got {ep_dispatch!r}")
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
         if top < 1:
@@ -203,7 +214,9 @@ def register(app: typer.Typer) -> None:
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
-                           fabric_model=cast(Literal["analytical", "sim"], fabric_model))
+                           fabric_model=cast(Literal["analytical", "sim"], fabric_model),
+                           options=StepOptions(tp_comm_overlap=overlap_tp, ep_comm_overlap=overlap_ep,
+                                               ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch)))
         if len(counts) == 1 and deadline_s is None:
             result = make_plan(base, cat)
             _emit_single(out, result, explain, budget, top, html_report)

@@ -54,6 +54,12 @@ class StepOptions:
     memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
     moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
     host_s_per_kernel: float = 10e-6  # eager PyTorch + framework host time per launched kernel (judgement)
+    #: the expert all-to-all runs while another micro-batch computes (DualPipe; Megatron-Core's
+    #: --overlap-moe-expert-parallel-comm); only what the layer's compute cannot cover stays exposed
+    ep_comm_overlap: bool = False
+    #: "node-dedup": a token crosses the network once per destination node and is forwarded over NVLink there
+    #: (DeepEP / HybridEP, DeepSeek-V3's dispatch); "all-to-all": one copy per routed expert
+    ep_dispatch: Literal["all-to-all", "node-dedup"] = "all-to-all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +235,16 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     return seconds
 
 
+def expected_destination_nodes(experts: int, top_k: int, nodes: int) -> float:
+    """Distinct nodes a token's top_k experts land on, experts spread evenly over `nodes` and chosen uniformly
+    without replacement: nodes · (1 − C(E − E/N, k) / C(E, k))."""
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, experts - per_node - i) / (experts - i)
+    return nodes * (1.0 - miss)
+
+
 def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions) -> float:
     """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and (full
     recompute) the forward again."""
@@ -286,11 +302,23 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         # that share an expert: with etp = tp every rank of the TP group sends the whole sequence.
         etp, _ = expert_parallel_degrees(layout)
         routed_tokens = tokens_mb * etp / layout.tp if layout.sequence_parallel else tokens_mb
-        dispatch_bytes = routed_tokens * model.moe.top_k * model.hidden * ACTIVATION_BYTES
+        copies = float(model.moe.top_k)
+        ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
+        if options.ep_dispatch == "node-dedup" and ep_nodes > 1:
+            copies = expected_destination_nodes(model.moe.experts, model.moe.top_k, ep_nodes)
+        dispatch_bytes = routed_tokens * copies * model.hidden * ACTIVATION_BYTES
         a2a = _cost("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
-        ep_link = a2a.link
+        ep_link = a2a.link + (f", once per node ({copies:.1f} of {model.moe.top_k} copies)"
+                              if copies != model.moe.top_k else "")
         passes = 4 + (2 if layout.recompute == "full" else 0)
         ep_per_layer_s = passes * a2a.time_s * options.ep_imbalance
+
+    ep_hidden_per_layer_s = 0.0
+    if ep_per_layer_s and options.ep_comm_overlap and moe_layer is not None:
+        # Paired with another micro-batch's forward/backward of the layer; the step's first and last phases
+        # have no partner (granules: the stage's layers x micro-batches).
+        moe_compute_s = moe_layer.forward_s + moe_layer.backward_s + moe_layer.recompute_s(layout.recompute)
+        ep_per_layer_s, ep_hidden_per_layer_s = _overlap(ep_per_layer_s, moe_compute_s, m * per_stage_layers)
 
     def device_layer_time(compute: LayerCompute, moe: bool) -> float:
         return (compute.forward_s + compute.backward_s + compute.recompute_s(layout.recompute)
@@ -364,8 +392,9 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         parts["comm.cp"] = Part(m * per_stage_layers * cp_per_layer_s,
                                 m * per_stage_layers * cp_hidden_per_layer_s, cp_link)
     moe_per_stage = (model.layers - moe_from) / pp
-    if ep_per_layer_s:
-        parts["comm.ep"] = Part(m * moe_per_stage * ep_per_layer_s, 0.0, ep_link)
+    if ep_per_layer_s or ep_hidden_per_layer_s:
+        parts["comm.ep"] = Part(m * moe_per_stage * ep_per_layer_s, m * moe_per_stage * ep_hidden_per_layer_s,
+                                ep_link + (", overlapped" if options.ep_comm_overlap else ""))
     if moe_host_s:
         kernels = round(moe_host_s / options.host_s_per_kernel)
         bound = (f"host launches {kernels} kernels/layer"

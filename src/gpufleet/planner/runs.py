@@ -215,6 +215,8 @@ class StackRecipe:
     moe_dropless: bool | None = None
     expert_tp: int | None = None
     sharding: Sharding | None = None  # fills a run's null sharding
+    ep_comm_overlap: bool | None = None
+    ep_dispatch: Literal["all-to-all", "node-dedup"] | None = None
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -236,6 +238,9 @@ _MEGATRON_BRIDGE_RECIPE = StackRecipe(
 
 #: Stack recipes keyed by words of the run's `source`; the first match wins.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
+    ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="node-dedup", reason=(
+        "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
+        "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
@@ -290,7 +295,7 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
     recipe = stack_recipe(run)
     if recipe is None:
         return options
-    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless")
+    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
     if recipe.grad_dtype is not None:
         changes["memory"] = replace(options.memory, grad_dtype=recipe.grad_dtype)
