@@ -198,7 +198,19 @@ def test_moe_layer_keeps_the_dispatched_inputs_but_not_the_expert_outputs() -> N
     Small MoE (16 experts, top-2, h 1024): 4·16 + 2·2·1024 = 4160 bytes."""
     moe_terms = layer_terms(MOE, 1, moe_layer=True)
     dense_terms = layer_terms(MOE, 1, moe_layer=False)
-    assert moe_terms.seq - dense_terms.seq == pytest.approx(4 * 16 + 2 * 2 * 1024)
+    assert moe_terms.seq - dense_terms.seq == pytest.approx(4 * 16)
+    assert moe_terms.routed == pytest.approx(2 * 2 * 1024) and dense_terms.routed == 0
+
+
+def test_dispatched_copies_follow_the_tokens_a_rank_routes() -> None:
+    """Under sequence parallelism with whole experts (etp 1) a TP rank dispatches its own s/tp tokens; with experts
+    split over the TP pair (etp = tp) the pair gathers the sequence first and each rank holds all s·top_k copies.
+    tp 2, 1024 tokens: the etp = tp layout keeps 1024 · 2 · 2 · 1024 / 2 bytes more per MoE layer."""
+    folded = Layout(tp=2, dp=8, ep=8, expert_tp=1, sequence_parallel=True)
+    split = folded.with_(expert_tp=2)
+    kwargs = {"seq_len": 1024, "micro_batch": 1, "moe_layer": True}
+    extra = activation_bytes_per_layer(MOE, split, **kwargs) - activation_bytes_per_layer(MOE, folded, **kwargs)
+    assert extra == pytest.approx(1024 * (2 * 2 * 1024) / 2)
 
 
 def test_experts_without_tensor_parallelism_hold_tp_times_the_expert_weights() -> None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.records import ModelSpec
-from gpufleet.parallel.layout import Layout, Recompute
+from gpufleet.parallel.layout import Layout, Recompute, expert_routed_tokens
 
 #: bytes per element of a saved activation (bf16/fp16)
 ACT_BYTES = 2.0
@@ -64,6 +64,7 @@ class LayerActivationTerms:
 
     seq: float  # replicated across TP unless sequence parallel
     tp: float  # divided by TP
+    routed: float  # per token this rank routes to the experts (the dispatched copies; see expert_routed_tokens)
     score: float  # eager-attention score bytes per head·query·key (0 with flash attention)
     heads_per_gpu: float  # attention heads on one TP rank (for the score term)
 
@@ -116,22 +117,24 @@ def layer_terms(
     seq, tp_bytes = _attention_terms(model, tp, flash_attention, dropout, gemm_input)
     moe = model.moe
     is_moe = moe_layer and moe is not None
+    routed = 0.0
     # second norm input + MLP input (a MoE layer's router is a 16-bit GEMM: its input stays bf16)
     seq += (ACT_BYTES + (ACT_BYTES if is_moe else gemm_input)) * h
     if dropout:
         seq += 1.0 * h  # dropout mask after the MLP
     if is_moe and moe is not None:
         seq += FP32_BYTES * moe.experts  # router probabilities (fp32)
-        # dispatched copies of each token (the experts' fc1 input). The expert outputs are not kept: since
+        # dispatched copies of each routed token (the experts' fc1 input). The expert outputs are not kept: since
         # Megatron-Core 0.13 the routing weights multiply inside the experts' activation function instead of
         # the un-permute, so the combine needs no saved outputs (MoE README, "memory efficient token permutation").
-        seq += moe.top_k * gemm_input * h
+        routed = moe.top_k * gemm_input * h
         tp_bytes += _mlp_tp_bytes(model, moe.top_k * moe.expert_ffn_hidden, gemm_input) / tp
         tp_bytes += _mlp_tp_bytes(model, moe.shared_experts * moe.expert_ffn_hidden, gemm_input) / tp
     else:
         tp_bytes += _mlp_tp_bytes(model, model.ffn_hidden or 0, gemm_input) / tp
     score = 0.0 if flash_attention else (2.0 + (3.0 if dropout else 0.0))
-    return LayerActivationTerms(seq=seq, tp=tp_bytes, score=score, heads_per_gpu=model.heads / tp)
+    return LayerActivationTerms(seq=seq, tp=tp_bytes, routed=routed, score=score,
+                                heads_per_gpu=model.heads / tp)
 
 
 def layer_bytes(
@@ -149,7 +152,7 @@ def layer_bytes(
     seq_split = layout.tp if sp else 1
     if recompute == "full":
         return ACT_BYTES * model.hidden * tokens / seq_split  # the checkpointed layer input
-    total = tokens * (terms.seq / seq_split + terms.tp)
+    total = tokens * (terms.seq / seq_split + terms.tp) + expert_routed_tokens(layout, tokens) * terms.routed
     if recompute == "none" and terms.score:
         # eager attention: heads/t × (s/cp queries) × s keys × b per GPU
         total += terms.score * terms.heads_per_gpu * tokens * seq_len

@@ -88,6 +88,14 @@ def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
     return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
 
 
+def expert_routed_tokens(layout: Layout, tokens: float) -> float:
+    """Tokens one rank routes to the experts out of the `tokens` its micro-batch holds: under sequence parallelism
+    each TP rank routes its own tokens/tp, gathered over the etp ranks that share an expert (etp = tp: the whole
+    sequence on every rank of the TP group)."""
+    etp, _ = expert_parallel_degrees(layout)
+    return tokens * etp / layout.tp if layout.sequence_parallel else tokens
+
+
 def micro_batches_per_step(layout: Layout, global_batch: int) -> int:
     """Micro-batches each pipeline runs per optimizer step (gradient accumulation steps)."""
     return global_batch // (layout.dp * layout.micro_batch)

@@ -47,6 +47,7 @@ from gpufleet.parallel.activations import (
 from gpufleet.parallel.layout import (
     Layout,
     expert_parallel_degrees,
+    expert_routed_tokens,
     micro_batches_per_step,
     stage_layer_indices,
     validate_layout,
@@ -284,7 +285,7 @@ def stage_memory(
         kv_width = 2 * model.kv_heads * model.head_dim_ / min(tp, model.kv_heads)
         buffers += 2 * ACT_BYTES * tokens * kv_width  # ring attention K/V in flight (send + receive)
     if layout.ep > 1 and model.moe is not None:
-        buffers += 2 * ACT_BYTES * tokens * model.moe.top_k * h / (tp if sp else 1)  # all-to-all in/out
+        buffers += 2 * ACT_BYTES * expert_routed_tokens(layout, tokens) * model.moe.top_k * h  # all-to-all in/out
     if gd > 1 or ge > 1:
         # ZeRO-2/3, FSDP: unsharded gradients of the bucket being reduce-scattered. Capped by the part of
         # the gradients the rank does not own (a bucket larger than that degenerates to ZeRO-1), so that

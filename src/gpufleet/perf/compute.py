@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
-from gpufleet.parallel.layout import Layout, expert_parallel_degrees
+from gpufleet.parallel.layout import Layout, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
 from gpufleet.workload.params import attention_params
 
@@ -127,10 +127,9 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     if moe_layer and model.moe is not None:
         moe = model.moe
         f = moe.expert_ffn_hidden
-        # Experts split f over etp ranks; with etp < tp under SP each rank routes only its tp/etp share of tokens.
+        # Experts split f over etp ranks; each rank computes the tokens it routes.
         etp, _ = expert_parallel_degrees(layout)
-        routed_tokens = tokens * etp / tp if layout.sequence_parallel else tokens
-        tokens_per_expert = routed_tokens * moe.top_k * layout.ep / moe.experts
+        tokens_per_expert = expert_routed_tokens(layout, tokens) * moe.top_k * layout.ep / moe.experts
         local_experts = moe.experts / layout.ep
         gemm_s += gemm_time_s(tokens_per_expert, up_matrices * f / etp, h, gemm_peak, calibration, precision,
                               count=local_experts)

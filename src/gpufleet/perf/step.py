@@ -17,7 +17,13 @@ from gpufleet.catalog.records import ModelSpec
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, GroupSpan, Placement, group_span
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import Layout, expert_parallel_degrees, micro_batches_per_step, stage_layer_split
+from gpufleet.parallel.layout import (
+    Layout,
+    expert_parallel_degrees,
+    expert_routed_tokens,
+    micro_batches_per_step,
+    stage_layer_split,
+)
 from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
 from gpufleet.workload.flops import flops_per_token
@@ -298,10 +304,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     ep_per_layer_s = 0.0
     ep_link = ""
     if model.moe is not None and layout.ep > 1:
-        # Under sequence parallelism each TP rank routes its own 1/tp of the tokens, gathered over the etp ranks
-        # that share an expert: with etp = tp every rank of the TP group sends the whole sequence.
-        etp, _ = expert_parallel_degrees(layout)
-        routed_tokens = tokens_mb * etp / layout.tp if layout.sequence_parallel else tokens_mb
+        routed_tokens = expert_routed_tokens(layout, tokens_mb)
         copies = float(model.moe.top_k)
         ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
         if options.ep_dispatch == "node-dedup" and ep_nodes > 1:
