@@ -282,3 +282,18 @@ def test_vtrain_18b_group_is_noisier_than_the_rank_target(vtrain: tuple[list, li
     assert groups["GPT 18.4B"]["smooth_model_regret"] > 0.02
     assert groups["GPT 39.1B"]["smooth_model_ceiling"] > 0.9  # reachable in principle; the model is at 0.65
     assert all(row["spearman"] <= row["smooth_model_ceiling"] + 0.05 for row in groups.values())
+
+
+def test_a_runs_own_expert_tp_wins_over_its_stacks() -> None:
+    # gpufleet's run files may state expert_tp (an extension of RUNS.md): DeepSeek-V3 on 1,024 H100 with the experts
+    # split over the TP pair instead of Megatron-Bridge's whole experts moves each rank's whole sequence in the
+    # all-to-all, and the prediction says so.
+    runs = {r.id: r for r in load_runs(DATA / "megatron_bridge_holdout.yaml")}
+    run = runs["mbridge-2509-h100-deepseek-v3-1024gpu"]
+    catalog = load_catalog()
+    split = run.model_copy(update={"layout": run.layout.model_copy(update={"expert_tp": 2})})
+    whole, halves = predict_run(run, catalog), predict_run(split, catalog)
+    assert whole.layout is not None and halves.layout is not None
+    assert whole.layout.expert_tp == 1 and halves.layout.expert_tp == 2
+    assert whole.step is not None and halves.step is not None
+    assert halves.step.parts["comm.ep"].exposed_s > whole.step.parts["comm.ep"].exposed_s

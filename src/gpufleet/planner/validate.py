@@ -102,6 +102,8 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                 fixed["sharding"] = recipe.sharding
             if job.model.moe is not None and recipe.expert_tp is not None:
                 fixed["expert_tp"] = recipe.expert_tp
+        if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
+            fixed["expert_tp"] = given.expert_tp
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
         if not result.filled:
             layout = Layout(**dict(fixed.items()))
