@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gpufleet.catalog.records import ModelSpec, MoESpec
 from gpufleet.errors import InputError, LayoutError
 from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches, layer_terms
-from gpufleet.parallel.layout import Layout, validate_layout
+from gpufleet.parallel.layout import Layout, expert_parallel_degrees, validate_layout
 from gpufleet.parallel.memory import (
     MemoryAssumptions,
     MemoryBreakdown,
@@ -226,8 +226,12 @@ def test_experts_without_tensor_parallelism_hold_tp_times_the_expert_weights() -
 
 
 def test_expert_tensor_parallel_degree_must_divide_tp() -> None:
-    with pytest.raises(LayoutError, match="expert_tp=3"):
+    with pytest.raises(LayoutError, match="expert_tp=3 must divide tp=2"):
         validate_layout(Layout(tp=2, dp=8, ep=8, expert_tp=3), MOE, 16, 16, 1024)
+    with pytest.raises(LayoutError, match="ep\\*expert_tp=32 must divide dp\\*cp\\*tp=16"):
+        validate_layout(Layout(tp=4, dp=4, ep=8, expert_tp=4), MOE, 16, 16, 1024)
+    with pytest.raises(LayoutError, match="needs a mixture-of-experts model"):
+        validate_layout(Layout(tp=2, dp=8, expert_tp=1), LLAMA70B, 16, 16, 1024)
     assert "etp1" in Layout(tp=2, dp=8, ep=8, expert_tp=1).short()
     assert "etp" not in Layout(tp=2, dp=8, ep=8, expert_tp=2).short()  # the default degree is not spelled out
 
@@ -430,6 +434,8 @@ def test_more_data_parallel_gpus_never_need_more_memory(
 ) -> None:
     model, layout, global_batch, seq = case
     layout = layout.with_(sharding=sharding)
+    if model.moe is not None:  # the same layout: the default etp may change with dp (expert_parallel_degrees)
+        layout = layout.with_(expert_tp=expert_parallel_degrees(layout)[0])
     small = _peak(model, layout, global_batch, seq)
     big = _peak(model, layout.with_(dp=layout.dp * 2), global_batch, seq)
     assume(small is not None and big is not None)

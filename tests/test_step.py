@@ -122,12 +122,17 @@ def test_sequence_parallel_ranks_route_only_their_own_tokens() -> None:
     whole = estimate_step(job, Layout(tp=2, ep=16, dp=8, sequence_parallel=False, micro_batch=1), cluster(16),
                           CAL, options)
     assert math.isclose(sharded.parts["comm.ep"].exposed_s / whole.parts["comm.ep"].exposed_s, 0.5, rel_tol=0.01)
-    # With expert tensor parallelism (ep 4 divides dp 8: etp = tp) every TP rank sends the whole sequence.
-    etp_sp = estimate_step(job, Layout(tp=2, ep=4, dp=8, sequence_parallel=True, micro_batch=1), cluster(16),
-                           CAL, options)
-    etp_no_sp = estimate_step(job, Layout(tp=2, ep=4, dp=8, sequence_parallel=False, micro_batch=1), cluster(16),
-                              CAL, options)
-    assert etp_sp.parts["comm.ep"].exposed_s == etp_no_sp.parts["comm.ep"].exposed_s
+    # With the experts split over the TP pair (ep 4 divides dp 8: etp = tp by default) each rank still sends only its
+    # own half over the EP group (Megatron-Core's alltoall dispatcher); the pair then all-gathers what it received
+    # and reduce-scatters it back, forward and backward: 2 all-reduce-equivalents of the gathered buffer, 32768
+    # tokens x 8 copies x 2048 x 2 bytes = 1.07 GB, over NVLink (450 GB/s x 0.82) plus 2 steps of 2 us.
+    whole = Layout(tp=2, ep=4, dp=8, sequence_parallel=True, micro_batch=1, expert_tp=1)
+    split = whole.with_(expert_tp=2)
+    ep_whole = estimate_step(job, whole, cluster(16), CAL, options).parts["comm.ep"].exposed_s
+    ep_split = estimate_step(job, split, cluster(16), CAL, options).parts["comm.ep"].exposed_s
+    gather_s = 32768 * 8 * 2048 * 2 / (450e9 * 0.82) + 2 * 2e-6
+    m, layers = 64 // 8, qwen.layers
+    assert math.isclose(ep_split - ep_whole, m * layers * 2 * gather_s * options.ep_imbalance, rel_tol=0.01)
 
 
 def test_dropless_moe_layers_wait_for_the_host_by_hand() -> None:
@@ -195,6 +200,17 @@ def test_overlapped_expert_all_to_all_hides_under_the_layer_compute() -> None:
     granules = overlapped.micro_batches * qwen.layers
     assert part.exposed_s == pytest.approx(total / granules)
     assert overlapped.step_s < plain.step_s
+    # Over the TCP socket transport the all-to-all outlasts the layer's compute: what the compute covers is hidden,
+    # the rest stays exposed, per layer and micro-batch: exposed = all-to-all − (forward + backward) compute.
+    slow = Cluster(H100, DGX, 16, Fabric(CATALOG.network("socket")))
+    plain_slow = estimate_step(job, layout, slow, CAL)
+    overlapped_slow = estimate_step(job, layout, slow, CAL, StepOptions(ep_comm_overlap=True))
+    compute_s = sum(plain_slow.parts[name].exposed_s for name in ("compute.gemm", "compute.attention",
+                                                                 "compute.elementwise", "compute.recompute"))
+    ep_plain = plain_slow.parts["comm.ep"].exposed_s
+    assert ep_plain > compute_s
+    assert overlapped_slow.parts["comm.ep"].exposed_s == pytest.approx(ep_plain - compute_s, rel=1e-6)
+    assert overlapped_slow.parts["comm.ep"].hidden_s == pytest.approx(compute_s, rel=1e-6)
 
 
 LAYOUTS = [

@@ -35,7 +35,9 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         "rank": plan.rank,
         "layout": {
             "tp": plan.layout.tp, "pp": plan.layout.pp, "dp": plan.layout.dp, "cp": plan.layout.cp,
-            "ep": plan.layout.ep, "expert_tp": expert_parallel_degrees(plan.layout)[0], "vpp": plan.layout.vpp,
+            "ep": plan.layout.ep,
+            "expert_tp": expert_parallel_degrees(plan.layout)[0] if result.job.model.moe is not None else None,
+            "vpp": plan.layout.vpp,
             "sequence_parallel": plan.layout.sequence_parallel,
             "sharding": plan.layout.sharding, "micro_batch": plan.layout.micro_batch,
             "recompute": plan.layout.recompute, "label": plan.layout.short(),
@@ -171,8 +173,7 @@ def register(app: typer.Typer) -> None:
         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="The framework hides tensor-parallel "
                                         "communication behind GEMMs (Megatron's --tp-comm-overlap, userbuffers)."),
         overlap_ep: bool = typer.Option(False, "--overlap-ep", help="The expert all-to-all runs while another "
-                                        "micro-batch computes (DualPipe; Megatron-Core's "
-                                        "--overlap-moe-expert-parallel-comm)."),
+                                        "micro-batch computes (DualPipe, Megatron-Core's EP overlap)."),
         ep_dispatch: str = typer.Option("all-to-all", "--ep-dispatch", help="all-to-all (one copy per routed "
                                         "expert) or node-dedup (a token crosses the network once per destination "
                                         "node: DeepEP, HybridEP)."),

@@ -19,7 +19,7 @@ from gpufleet.fabric.topology import Cluster
 from gpufleet.fabric.trees import tree_crossing_node_equivalents
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees
 
-GroupKind = Literal["tp", "cp", "dp", "dp_cp", "ep", "pp", "edp"]
+GroupKind = Literal["tp", "cp", "dp", "dp_cp", "ep", "pp", "edp", "etp"]
 Placement = Literal["block", "scatter"]
 
 
@@ -49,9 +49,9 @@ def _degree(layout: Layout, dim: str) -> int:
 
 def group_stride_and_size(layout: Layout, kind: GroupKind) -> tuple[int, int]:
     """Rank stride between consecutive members and the group size, in the layout's rank order."""
-    if kind in ("ep", "edp"):  # expert ranks are ordered etp fastest, then ep, then edp (Megatron-Core)
+    if kind in ("etp", "ep", "edp"):  # expert ranks are ordered etp fastest, then ep, then edp (Megatron-Core)
         etp, edp = expert_parallel_degrees(layout)
-        return (etp, layout.ep) if kind == "ep" else (etp * layout.ep, edp)
+        return {"etp": (1, etp), "ep": (etp, layout.ep), "edp": (etp * layout.ep, edp)}[kind]
     dense_order = [d for d in layout.order if d != "ep"]
     if kind == "dp_cp":
         stride = 1

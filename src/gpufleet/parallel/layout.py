@@ -78,22 +78,28 @@ class Layout:
 def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
     """(etp, edp): expert tensor- and data-parallel degrees. An explicit `expert_tp` wins; otherwise etp = tp
     when ep divides dp·cp (Megatron-Core's default --expert-tensor-parallel-size = tp), else etp = 1 (MoE
-    parallel folding). edp = dp·cp·tp / (ep·etp) ranks hold the same experts."""
-    if layout.ep == 1:
-        return layout.tp, layout.dp * layout.cp
+    parallel folding). edp = dp·cp·tp / (ep·etp) ranks hold the same experts. (Megatron-Core itself keeps
+    etp = tp and refuses the second case; the fallback is gpufleet's, so the default can change with dp.)"""
     if layout.expert_tp is not None:
         etp = layout.expert_tp
+    elif layout.ep == 1 or (layout.dp * layout.cp) % layout.ep == 0:
+        etp = layout.tp
     else:
-        etp = layout.tp if (layout.dp * layout.cp) % layout.ep == 0 else 1
+        etp = 1
     return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
 
 
+def local_expert_tokens(layout: Layout, tokens: float) -> float:
+    """Tokens a rank routes itself, out of the `tokens` its micro-batch holds: its own tokens/tp under sequence
+    parallelism. These are what its all-to-all sends (Megatron-Core's alltoall dispatcher)."""
+    return tokens / layout.tp if layout.sequence_parallel else tokens
+
+
 def expert_routed_tokens(layout: Layout, tokens: float) -> float:
-    """Tokens one rank routes to the experts out of the `tokens` its micro-batch holds: under sequence parallelism
-    each TP rank routes its own tokens/tp, gathered over the etp ranks that share an expert (etp = tp: the whole
-    sequence on every rank of the TP group)."""
+    """Tokens a rank's experts compute on: its own routed tokens, all-gathered over the etp ranks that share an
+    expert after the all-to-all (etp = tp: the whole sequence on every rank of the TP group)."""
     etp, _ = expert_parallel_degrees(layout)
-    return tokens * etp / layout.tp if layout.sequence_parallel else tokens
+    return local_expert_tokens(layout, tokens) * (etp if layout.sequence_parallel else 1)
 
 
 def micro_batches_per_step(layout: Layout, global_batch: int) -> int:
@@ -142,10 +148,14 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
             raise broken("ep-experts", f"ep={layout.ep} must divide the {model.moe.experts} experts")
         if (layout.dp * layout.cp * layout.tp) % layout.ep:
             raise broken("ep-ranks", f"ep={layout.ep} must divide dp*cp*tp={layout.dp * layout.cp * layout.tp}")
-        if layout.expert_tp is not None and (layout.expert_tp < 1 or layout.tp % layout.expert_tp
-                                             or (layout.dp * layout.cp * layout.tp) % (layout.ep * layout.expert_tp)):
-            raise broken("etp", f"expert_tp={layout.expert_tp} must divide tp={layout.tp}, and ep*expert_tp "
-                         f"must divide dp*cp*tp={layout.dp * layout.cp * layout.tp}")
+    if layout.expert_tp is not None:
+        ranks = layout.dp * layout.cp * layout.tp
+        if model.moe is None:
+            raise broken("etp-moe", f"expert_tp={layout.expert_tp} needs a mixture-of-experts model")
+        if layout.expert_tp < 1 or layout.tp % layout.expert_tp:
+            raise broken("etp", f"expert_tp={layout.expert_tp} must divide tp={layout.tp}")
+        if ranks % (layout.ep * layout.expert_tp):
+            raise broken("etp-ranks", f"ep*expert_tp={layout.ep * layout.expert_tp} must divide dp*cp*tp={ranks}")
     if global_batch % layout.dp:
         raise broken("dp-batch", f"dp={layout.dp} must divide the global batch {global_batch}")
     if (global_batch // layout.dp) % layout.micro_batch:

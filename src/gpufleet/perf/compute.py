@@ -171,7 +171,7 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     ffn_passes = ELEMENTWISE_FFN_PASSES_GATED if model.gated_mlp else ELEMENTWISE_FFN_PASSES_PLAIN
     elements = tokens * (ELEMENTWISE_HIDDEN_PASSES * hidden_share + ffn_passes * ffn_width / tp)
     if moe_layer and model.moe is not None:
-        elements += tokens * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * hidden_share
+        elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
     if precision in ("fp8", "fp4"):
         q_width = model.heads * model.head_dim_
         gemm_inputs = 2 * h + q_width / tp + ffn_width / tp  # QKV, out-proj, MLP up, MLP down

@@ -21,6 +21,7 @@ from gpufleet.parallel.layout import (
     Layout,
     expert_parallel_degrees,
     expert_routed_tokens,
+    local_expert_tokens,
     micro_batches_per_step,
     stage_layer_split,
 )
@@ -284,6 +285,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     tp_passes = 4 + (2 if layout.recompute == "full" else 0)  # fwd 2, bwd 2, recomputed fwd 2
     tp_cost = _cost("all-reduce", act_bytes, "tp", layout, cluster, options)
     tp_per_layer_s = tp_passes * tp_cost.time_s  # SP's AG+RS pair moves the same bytes as one all-reduce
+    # A MoE layer's TP traffic is its attention half; the experts gather their tokens over the etp group (below).
+    moe_tp_per_layer_s = tp_per_layer_s / 2
 
     cp_per_layer_s = 0.0
     cp_hidden_per_layer_s = 0.0
@@ -303,18 +306,28 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     ep_per_layer_s = 0.0
     ep_link = ""
-    if model.moe is not None and layout.ep > 1:
-        routed_tokens = expert_routed_tokens(layout, tokens_mb)
-        copies = float(model.moe.top_k)
-        ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
-        if options.ep_dispatch == "node-dedup" and ep_nodes > 1:
-            copies = expected_destination_nodes(model.moe.experts, model.moe.top_k, ep_nodes)
-        dispatch_bytes = routed_tokens * copies * model.hidden * ACTIVATION_BYTES
-        a2a = _cost("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
-        ep_link = a2a.link + (f", once per node ({copies:.1f} of {model.moe.top_k} copies)"
-                              if copies != model.moe.top_k else "")
-        passes = 4 + (2 if layout.recompute == "full" else 0)
-        ep_per_layer_s = passes * a2a.time_s * options.ep_imbalance
+    etp, _ = expert_parallel_degrees(layout)
+    if model.moe is not None and (layout.ep > 1 or etp > 1):
+        # Megatron-Core's alltoall dispatcher: each rank sends the tokens it routes itself over the EP group, then
+        # the etp ranks that share an expert all-gather what they received (reduce-scatter on the way back).
+        passes = 4 + (2 if layout.recompute == "full" else 0)  # dispatch + combine, forward and backward
+        links = []
+        if layout.ep > 1:
+            copies = float(model.moe.top_k)
+            ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
+            if options.ep_dispatch == "node-dedup" and ep_nodes > 1:
+                copies = expected_destination_nodes(model.moe.experts, model.moe.top_k, ep_nodes)
+            dispatch_bytes = local_expert_tokens(layout, tokens_mb) * copies * model.hidden * ACTIVATION_BYTES
+            a2a = _cost("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
+            ep_per_layer_s += passes * a2a.time_s * options.ep_imbalance
+            links.append(a2a.link + (f", once per node ({copies:.1f} of {model.moe.top_k} copies)"
+                                     if copies != model.moe.top_k else ""))
+        if etp > 1:  # the AG + RS pair over the gathered buffer moves what one all-reduce of it moves
+            gathered_bytes = expert_routed_tokens(layout, tokens_mb) * model.moe.top_k * model.hidden * ACTIVATION_BYTES
+            gather = _cost("all-reduce", gathered_bytes, "etp", layout, cluster, options)
+            ep_per_layer_s += passes / 2 * gather.time_s * options.ep_imbalance
+            links.append(f"etp{etp} gather: {gather.link}")
+        ep_link = "; ".join(links)
 
     ep_hidden_per_layer_s = 0.0
     if ep_per_layer_s and options.ep_comm_overlap and moe_layer is not None:
@@ -324,8 +337,9 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         ep_per_layer_s, ep_hidden_per_layer_s = _overlap(ep_per_layer_s, moe_compute_s, m * per_stage_layers)
 
     def device_layer_time(compute: LayerCompute, moe: bool) -> float:
+        tp_s = moe_tp_per_layer_s if moe else tp_per_layer_s
         return (compute.forward_s + compute.backward_s + compute.recompute_s(layout.recompute)
-                + (0.0 if options.tp_comm_overlap else tp_per_layer_s)
+                + (0.0 if options.tp_comm_overlap else tp_s)
                 + cp_per_layer_s + (ep_per_layer_s if moe else 0.0))
 
     moe_host_s = _moe_host_s(model, layout, options)
@@ -388,7 +402,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         "compute.logits+loss": Part(m * logits_s / pp),
     }
     if layout.tp > 1:
-        tp_total = m * per_stage_layers * tp_per_layer_s
+        moe_share = (model.layers - moe_from) / model.layers
+        tp_total = m * per_stage_layers * ((1 - moe_share) * tp_per_layer_s + moe_share * moe_tp_per_layer_s)
         parts["comm.tp"] = Part(0.0 if options.tp_comm_overlap else tp_total,
                                 tp_total if options.tp_comm_overlap else 0.0, tp_cost.link)
     if layout.cp > 1:

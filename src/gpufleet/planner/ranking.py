@@ -9,8 +9,9 @@ Each group also gets a *smooth-model ceiling* (and that model's regret): the Spe
 a model that is told
 each sub-group's (same tp, pp, cp, ep, vpp) per-sample work W and per-micro-batch cost c — fitted to the
 measurements themselves, step = W·(m + (pp−1)/vpp)/m + c·(m + (pp−1)/vpp) over the m micro-batches — and
-is otherwise smooth in micro-batch size. Sub-groups too small to fit keep their measured values. Measured
-scatter that no smooth dependence on micro-batch size reproduces keeps any mechanistic model below it.
+is otherwise smooth in micro-batch size. Sub-groups too small to fit keep their measured values (which favours
+the reference). It is a least-squares fit, not a proof of an upper bound: a reference point for how much of the
+group's ordering is scatter that no smooth dependence on micro-batch size reproduces.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def render_ranking(console: Console, ranking: dict[str, Any]) -> None:
                       f"{row['top3_overlap']:.0%}", f"{row['median_abs_error']:.1%}", row["measured_best_layout"],
                       row["pick_layout"])
     console.print(table)
-    console.print("ceiling: the Spearman a model smooth in micro-batch size reaches when told each (tp, pp, cp, ep, "
-                  "vpp) sub-group's work and per-micro-batch cost, fitted to the measurements themselves")
+    console.print("ceiling: the Spearman of a reference model smooth in micro-batch size that is told each (tp, pp, "
+                  "cp, ep, vpp) sub-group's work and per-micro-batch cost, fitted to the measurements themselves")
     if ranking["skipped_groups"]:
         console.print("groups with fewer than 4 runs (not scored): " + ", ".join(
             f"{g['group']} ({g['runs']})" for g in ranking["skipped_groups"]))

@@ -61,14 +61,19 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _expert_tps(space: SearchSpace, fixed: dict[str, Any], tp: int, ep: int, dp_cp: int) -> list[int | None]:
+def _expert_tps(space: SearchSpace, fixed: dict[str, Any], moe: bool, tp: int, ep: int,
+                dp_cp: int) -> list[int | None]:
     """Expert tensor-parallel degrees worth trying: only MoE layouts with tp > 1 have a choice, and whole experts
-    (1) is tried only where Megatron-Core's default would split them (ep divides dp·cp)."""
-    if "expert_tp" in fixed and fixed["expert_tp"] is not None:
-        return [fixed["expert_tp"]] if (dp_cp * tp) % (ep * fixed["expert_tp"]) == 0 else []
-    if ep == 1 or tp == 1 or dp_cp % ep:
+    (1) is tried only where the default would split them (ep divides dp·cp). A pinned degree that cannot divide
+    the ranks yields nothing (validate_layout names the constraint when a layout is given whole)."""
+    if not moe:
         return [None]
-    return list(space.expert_tps)
+    pinned = fixed.get("expert_tp")
+    if pinned is not None:
+        return [pinned] if tp % pinned == 0 and (dp_cp * tp) % (ep * pinned) == 0 else []
+    if tp == 1 or dp_cp % ep:
+        return [None]
+    return list(dict.fromkeys(e for e in space.expert_tps if e is None or (tp % e == 0 and e != tp)))
 
 
 def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = None,
@@ -98,7 +103,8 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                 eps = [1]
                 if model.moe is not None:
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
-                experts = [(ep, etp) for ep in options("ep", eps) for etp in _expert_tps(space, fixed, tp, ep, dp * cp)]
+                experts = [(ep, etp) for ep in options("ep", eps)
+                           for etp in _expert_tps(space, fixed, model.moe is not None, tp, ep, dp * cp)]
                 for ep, expert_tp in experts:
                     vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))]
                     for vpp in options("vpp", vpps):
@@ -107,7 +113,8 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                         for mb in options("micro_batch", mbs):
                             for sharding in options("sharding", space.shardings):
                                 for recompute in options("recompute", space.recomputes):
-                                    sps = [True, False] if tp > 1 else [False]
+                                    # Megatron-Core requires sequence parallelism for MoE with tp > 1
+                                    sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
                                     for sp in options("sequence_parallel", sps):
                                         yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
                                                      sequence_parallel=sp, sharding=sharding,
@@ -116,8 +123,8 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
 
 def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
              options: StepOptions | None = None, *, hbm_tolerance: float = 0.0) -> Candidate | tuple[str, float]:
-    """A Candidate, or (reason, bytes over HBM × (1 + hbm_tolerance)) when the layout is invalid or does
-    not fit."""
+    """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit (more than
+    `hbm_tolerance` of HBM over)."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
@@ -125,9 +132,8 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     assumptions = (options or StepOptions()).memory
     stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
                                       precision=job.precision, assumptions=assumptions)
-    over = memory.total_bytes - cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
-    if over > 0:
-        return "memory", over
+    if memory.total_bytes > cluster.gpu.hbm_bytes * (1 + hbm_tolerance):
+        return "memory", memory.total_bytes - cluster.gpu.hbm_bytes
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
 
