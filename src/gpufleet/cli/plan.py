@@ -8,7 +8,7 @@ from typing import Any, Literal, cast
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from gpufleet.catalog.records import Precision
@@ -219,10 +219,23 @@ def register(app: typer.Typer) -> None:
                            options=StepOptions(tp_comm_overlap=overlap_tp, ep_comm_overlap=overlap_ep,
                                                ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch)))
         if len(counts) == 1 and deadline_s is None:
-            result = make_plan(base, cat)
+            result = _plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report)
             return
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
+
+    def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
+        """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""
+        started = time.monotonic()
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), transient=True,
+                      disable=out.json_mode) as progress:
+            task = progress.add_task("searching layouts", visible=False)
+
+            def tried(count: int) -> None:
+                if time.monotonic() - started > 1.0:
+                    progress.update(task, description=f"searching layouts: {count:,} tried", visible=True)
+
+            return make_plan(request, cat, progress=tried)
 
     def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int,
                      html_report: Path | None = None) -> None:
