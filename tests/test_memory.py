@@ -498,3 +498,21 @@ def test_invalid_layouts_raise_layout_error_only(
         return
     assert len(stages) == pp
     assert all(s.total_bytes > 0 for s in stages)
+
+
+def test_block_recompute_saves_one_layers_activations_per_recomputed_layer() -> None:
+    """Megatron's block recompute of k of a rank's n layers keeps only the input of those k and everything of the
+    rest: each more recomputed layer saves (whole layer − its input) bytes, and k = n is full recompute."""
+    layout = Layout(dp=8, micro_batch=1, recompute="full", sharding="zero1")
+    kwargs = {"seq_len": 4096, "global_batch": 8, "precision": "bf16", "stage": 0}
+    whole = activation_bytes_per_layer(LLAMA70B, layout, seq_len=4096, micro_batch=1, recompute="none")
+    kept = activation_bytes_per_layer(LLAMA70B, layout, seq_len=4096, micro_batch=1, recompute="full")
+    layers = LLAMA70B.layers
+    full = stage_memory(LLAMA70B, layout, **kwargs).activations_bytes
+    assert stage_memory(LLAMA70B, layout.with_(recompute_layers=layers), **kwargs).activations_bytes == full
+    ten = stage_memory(LLAMA70B, layout.with_(recompute_layers=10), **kwargs).activations_bytes
+    eleven = stage_memory(LLAMA70B, layout.with_(recompute_layers=11), **kwargs).activations_bytes
+    assert ten - eleven == pytest.approx(whole - kept)
+    assert ten - full == pytest.approx((layers - 10) * (whole - kept))
+    with pytest.raises(LayoutError, match="recompute_layers=4 needs recompute full"):
+        validate_layout(Layout(dp=8, recompute_layers=4), LLAMA70B, 8, 8, 4096)

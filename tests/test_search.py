@@ -8,6 +8,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout, validate_layout
+from gpufleet.parallel.memory import peak_stage_memory
 from gpufleet.planner.search import Candidate, SearchSpace, enumerate_layouts, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -93,3 +94,30 @@ def test_moe_layouts_try_whole_experts_where_megatron_would_split_them() -> None
     assert by_ep[16] == {None}  # ep 16 does not divide dp 8: the default is etp 1 already
     dense = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=64)
     assert {lay.expert_tp for lay in enumerate_layouts(dense, cluster(16), SearchSpace(), fixed=fixed)} == {None}
+
+
+def test_a_layout_that_needs_recompute_recomputes_only_the_layers_it_must() -> None:
+    # Llama 3.1 8B on 8 H100 (dp 8, ZeRO-1, micro-batch 2) on a GPU whose memory lies between what the layout needs
+    # with and without full recompute: the search also offers block recompute of k of the 32 layers, k the fewest
+    # that fit (memory falls by one layer's saved activations per recomputed layer), and ranks it above full.
+    job = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=16)
+    layout = Layout(dp=8, sharding="zero1", micro_batch=2)
+    def needs(lay: Layout) -> float:
+        return peak_stage_memory(job.model, lay, seq_len=4096, global_batch=16, precision="bf16")[1].total_bytes
+
+    hbm_bytes = (needs(layout) + needs(layout.with_(recompute="full"))) / 2  # halfway: about half the layers
+    tight = Cluster(H100.model_copy(update={"hbm_gib": hbm_bytes / 2**30}), CATALOG.node("dgx-h100"), 8,
+                    Fabric(CATALOG.network("ndr400")))
+    fixed = {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "sharding": "zero1", "micro_batch": 2, "sequence_parallel": False}
+    found = search(job, tight, CAL, fixed=fixed)
+    best = found.best
+    assert best is not None and best.layout.recompute == "full" and best.layout.recompute_layers is not None
+    assert 14 <= best.layout.recompute_layers <= 18
+    assert best.memory.total_bytes <= tight.gpu.hbm_bytes
+    fewer = evaluate(job, best.layout.with_(recompute_layers=best.layout.recompute_layers - 1), tight, CAL)
+    assert not isinstance(fewer, Candidate)  # the fewest that fit
+    whole = next(c for c in found.feasible if c.layout.recompute == "full" and c.layout.recompute_layers is None)
+    assert best.step.step_s < whole.step.step_s
+    # a run that says "full" keeps every layer recomputed
+    pinned = search(job, tight, CAL, fixed={**fixed, "recompute": "full"})
+    assert all(c.layout.recompute_layers is None for c in pinned.feasible)

@@ -277,3 +277,17 @@ def test_ep_overlap_and_node_dedup_never_slow_a_step(ep: int, tp: int, micro_bat
     for options in (StepOptions(ep_comm_overlap=True), StepOptions(ep_dispatch="node-dedup"),
                     StepOptions(ep_comm_overlap=True, ep_dispatch="node-dedup")):
         assert estimate_step(job, layout, cluster(gpus), CAL, options).step_s <= plain.step_s * (1 + 1e-12)
+
+
+def test_block_recompute_adds_its_share_of_the_recompute_work() -> None:
+    # Llama 3.1 8B, tp 2 on one node: recomputing 8 of the 32 layers costs a quarter of full recompute's extra
+    # forward, and adds a quarter of its extra TP all-reduces (6 per layer instead of 4: 4 + 2 x 8/32 = 4.5).
+    job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=64)
+    plain = Layout(tp=2, dp=4, micro_batch=1, sequence_parallel=True)
+    full = estimate_step(job, plain.with_(recompute="full"), cluster(8), CAL)
+    block = estimate_step(job, plain.with_(recompute="full", recompute_layers=8), cluster(8), CAL)
+    none = estimate_step(job, plain, cluster(8), CAL)
+    assert block.parts["compute.recompute"].exposed_s == pytest.approx(full.parts["compute.recompute"].exposed_s / 4)
+    assert block.parts["comm.tp"].exposed_s == pytest.approx(none.parts["comm.tp"].exposed_s * 4.5 / 4)
+    assert none.step_s < block.step_s < full.step_s
+

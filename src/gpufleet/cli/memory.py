@@ -68,6 +68,14 @@ def register(app: typer.Typer) -> None:
             help="Sequences per optimizer step [default: dp·micro-batch·pp, enough to fill the pipeline].",
         ),
         recompute: str = typer.Option("none", "--recompute", help=f"One of {', '.join(RECOMPUTES)}."),
+        recompute_layers: int | None = typer.Option(
+            None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many of each "
+            "pipeline rank's layers (Megatron's block method) [default: all]."
+        ),
+        expert_tp: int | None = typer.Option(
+            None, "--expert-tp", min=1, help="MoE: tensor parallelism inside the experts [default: tp when ep "
+            "divides dp·cp, else 1]."
+        ),
         sharding: str = typer.Option("none", "--sharding", help=f"One of {', '.join(SHARDINGS)}."),
         hsdp_group: int = typer.Option(8, "--hsdp-group", min=2, help="FSDP shard-group size for hsdp."),
         precision: str = typer.Option(
@@ -109,6 +117,8 @@ def register(app: typer.Typer) -> None:
             recompute=cast(Recompute, recompute),
             offload_optimizer=offload_optimizer,
             hsdp_group=hsdp_group,
+            recompute_layers=recompute_layers,
+            expert_tp=expert_tp,
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)

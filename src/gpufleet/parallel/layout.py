@@ -42,6 +42,9 @@ class Layout:
     #: tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size); None = the
     #: convention of `expert_parallel_degrees`
     expert_tp: int | None = None
+    #: with recompute "full": how many of each pipeline rank's layers are recomputed (Megatron's
+    #: --recompute-method block --recompute-num-layers); None = all of them
+    recompute_layers: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -70,6 +73,8 @@ class Layout:
             parts.append(self.sharding)
         if self.recompute != "none":
             parts.append({"selective": "sel", "full": "full-rc"}[self.recompute])
+            if self.recompute_layers is not None:
+                parts[-1] += f"({self.recompute_layers})"
         if self.offload_optimizer:
             parts.append("offload")
         return " ".join(parts)
@@ -87,6 +92,16 @@ def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
     else:
         etp = 1
     return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
+
+
+def recomputed_fraction(layout: Layout, stage_layers: float) -> float:
+    """Share of a pipeline rank's `stage_layers` layers whose forward is recomputed in full (0 without full
+    recompute; block recompute of `recompute_layers` layers recomputes that many, at most all)."""
+    if layout.recompute != "full":
+        return 0.0
+    if layout.recompute_layers is None or stage_layers <= 0:
+        return 1.0
+    return min(1.0, layout.recompute_layers / stage_layers)
 
 
 def local_expert_tokens(layout: Layout, tokens: float) -> float:
@@ -121,6 +136,9 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("sharding", f"sharding must be one of {', '.join(SHARDINGS)}")
     if layout.recompute not in RECOMPUTES:
         raise broken("recompute", f"recompute must be one of {', '.join(RECOMPUTES)}")
+    if layout.recompute_layers is not None and (layout.recompute != "full" or layout.recompute_layers < 1):
+        raise broken("recompute-layers", f"recompute_layers={layout.recompute_layers} needs recompute full and at "
+                     "least one layer")
     if layout.gpus != gpus:
         raise broken("product", f"tp*pp*cp*dp = {layout.gpus} but the cluster has {gpus} GPUs")
     if model.heads % layout.tp:

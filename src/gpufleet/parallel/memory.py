@@ -49,6 +49,7 @@ from gpufleet.parallel.layout import (
     expert_parallel_degrees,
     expert_routed_tokens,
     micro_batches_per_step,
+    recomputed_fraction,
     stage_layer_indices,
     validate_layout,
 )
@@ -248,15 +249,17 @@ def stage_memory(
     inflight = inflight_microbatches(layout, stage, m)
     per_mb = 0.0
     worst_layer = 0.0
+    recomputed = recomputed_fraction(layout, n_layers)  # block recompute: that share keeps only its input
     for count, moe_layer in ((n_dense, False), (n_moe, True)):
         if not count:
             continue
         terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout, precision == "fp8")
-        per_mb += count * layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb,
-                                      recompute=layout.recompute)
+        saved = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute)
         if layout.recompute == "full":  # the layer being recomputed holds its full activations
-            worst_layer = max(worst_layer, layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb,
-                                                       recompute="none"))
+            whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
+            worst_layer = max(worst_layer, whole)
+            saved = recomputed * saved + (1 - recomputed) * whole
+        per_mb += count * saved
     activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
     if first:
         held = min(layout.pp, m) if layout.pp > 1 else 1

@@ -23,6 +23,7 @@ from gpufleet.parallel.layout import (
     expert_routed_tokens,
     local_expert_tokens,
     micro_batches_per_step,
+    recomputed_fraction,
     stage_layer_split,
 )
 from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
@@ -259,7 +260,7 @@ def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions) -> float
         return 0.0
     local_experts = model.moe.experts / layout.ep
     forward = MOE_FIXED_KERNELS_FWD + MOE_KERNELS_PER_LOCAL_EXPERT_FWD * local_experts
-    passes = 1.0 + BACKWARD_KERNEL_RATIO + (1.0 if layout.recompute == "full" else 0.0)
+    passes = 1.0 + BACKWARD_KERNEL_RATIO + recomputed_fraction(layout, math.ceil(model.layers / layout.pp))
     return forward * passes * options.host_s_per_kernel
 
 
@@ -282,7 +283,13 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     # --- per-layer communication, per micro-batch -------------------------------------------
     act_bytes = tokens_mb * model.hidden * ACTIVATION_BYTES
-    tp_passes = 4 + (2 if layout.recompute == "full" else 0)  # fwd 2, bwd 2, recomputed fwd 2
+    recomputed = recomputed_fraction(layout, per_stage_layers)  # share of layers whose forward runs twice
+
+    def recompute_s(compute: LayerCompute) -> float:
+        """The layer's recompute time, averaged over the stage's layers (block recompute covers a share)."""
+        return compute.recompute_s(layout.recompute) * (recomputed if layout.recompute == "full" else 1.0)
+
+    tp_passes = 4 + 2 * recomputed  # fwd 2, bwd 2, recomputed fwd 2
     tp_cost = _cost("all-reduce", act_bytes, "tp", layout, cluster, options)
     tp_per_layer_s = tp_passes * tp_cost.time_s  # SP's AG+RS pair moves the same bytes as one all-reduce
     # A MoE layer's TP traffic is its attention half; the experts gather their tokens over the etp group (below).
@@ -310,7 +317,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     if model.moe is not None and (layout.ep > 1 or etp > 1):
         # Megatron-Core's alltoall dispatcher: each rank sends the tokens it routes itself over the EP group, then
         # the etp ranks that share an expert all-gather what they received (reduce-scatter on the way back).
-        passes = 4 + (2 if layout.recompute == "full" else 0)  # dispatch + combine, forward and backward
+        passes = 4 + 2 * recomputed  # dispatch + combine, forward and backward (and the recomputed forward)
         links = []
         if layout.ep > 1:
             copies = float(model.moe.top_k)
@@ -333,12 +340,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     if ep_per_layer_s and options.ep_comm_overlap and moe_layer is not None:
         # Paired with another micro-batch's forward/backward of the layer; the step's first and last phases
         # have no partner (granules: the stage's layers x micro-batches).
-        moe_compute_s = moe_layer.forward_s + moe_layer.backward_s + moe_layer.recompute_s(layout.recompute)
+        moe_compute_s = moe_layer.forward_s + moe_layer.backward_s + recompute_s(moe_layer)
         ep_per_layer_s, ep_hidden_per_layer_s = _overlap(ep_per_layer_s, moe_compute_s, m * per_stage_layers)
 
     def device_layer_time(compute: LayerCompute, moe: bool) -> float:
         tp_s = moe_tp_per_layer_s if moe else tp_per_layer_s
-        return (compute.forward_s + compute.backward_s + compute.recompute_s(layout.recompute)
+        return (compute.forward_s + compute.backward_s + recompute_s(compute)
                 + (0.0 if options.tp_comm_overlap else tp_s)
                 + cp_per_layer_s + (ep_per_layer_s if moe else 0.0))
 
@@ -389,8 +396,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         compute_parts["gemm"] += m * layers_here * 3 * compute.gemm_fwd_s
         compute_parts["attention"] += m * layers_here * (compute.attention_fwd_s + compute.attention_bwd_s)
         compute_parts["elementwise"] += m * layers_here * 3 * compute.elementwise_fwd_s
-        compute_parts["recompute"] += m * layers_here * compute.recompute_s(layout.recompute)
-        extra = compute.flops_fwd if layout.recompute == "full" else (
+        compute_parts["recompute"] += m * layers_here * recompute_s(compute)
+        extra = recomputed * compute.flops_fwd if layout.recompute == "full" else (
             compute.attention_flops_fwd if layout.recompute == "selective" else 0.0)
         hardware_flops += m * layers_here * (3 * compute.flops_fwd + extra)
     hardware_flops += m * 3 * logits_flops / pp

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ class SearchSpace:
     expert_tps: tuple[int | None, ...] = (None, 1)
     #: fraction of HBM a layout's estimate may exceed and still count as fitting (0 for planning)
     hbm_tolerance: float = 0.0
+    #: where a layout fits only with full recompute, also try recomputing just enough of each rank's layers
+    #: (Megatron's block recompute, --recompute-num-layers)
+    partial_recompute: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,28 +141,95 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
 
+def _block_recompute(job: Job, full: Candidate, without_bytes: float, cluster: Cluster,
+                     calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> Candidate | None:
+    """The layout of `full` recomputing only as many of each rank's layers as it needs to fit: memory falls about
+    linearly from `without_bytes` (no recompute) to the full-recompute figure, so interpolate, then step up until
+    the memory model agrees. None when every layer must be recomputed."""
+    layers = math.ceil(job.model.layers / full.layout.pp)
+    cap = cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
+    saving = without_bytes - full.memory.total_bytes
+    if layers < 2 or saving <= 0:
+        return None
+    needed = max(1, math.ceil(layers * (without_bytes - cap) / saving))
+    for count in range(needed, min(layers, needed + 3)):
+        outcome = evaluate(job, full.layout.with_(recompute_layers=count), cluster, calibration, options,
+                           hbm_tolerance=hbm_tolerance)
+        if isinstance(outcome, Candidate):
+            return outcome
+    return None
+
+
+def _recompute_twin_key(layout: Layout) -> tuple[object, ...]:
+    """Everything but the recompute choice: a layout and its no-recompute twin share it."""
+    return (layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.vpp, layout.sequence_parallel,
+            layout.sharding, layout.micro_batch, layout.expert_tp, layout.offload_optimizer)
+
+
+#: Block-recompute candidates are only built where they could rank among this many of the fastest plans.
+BLOCK_RECOMPUTE_RANKS = 10
+
+
+def _recompute_bound_s(full: Candidate) -> float:
+    """A floor on any block-recompute variant's step: the full-recompute step without its recompute work (the
+    recomputed forward and its share, 2 of 6 passes, of the TP and EP traffic)."""
+    parts = full.step.parts
+    saved = parts["compute.recompute"].exposed_s
+    saved += sum(parts[name].exposed_s for name in ("comm.tp", "comm.ep") if name in parts) / 3
+    return full.step.step_s - saved
+
+
+def _add_block_recompute(job: Job, feasible: list[Candidate], pairs: list[tuple[Candidate, float]],
+                         cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
+                         hbm_tolerance: float) -> int:
+    """Append the block-recompute variants that could rank among the fastest plans; return how many were tried."""
+    ranked = sorted(c.step.step_s for c in feasible)
+    tried = 0
+    for full, without in sorted(pairs, key=lambda pair: _recompute_bound_s(pair[0])):
+        threshold = ranked[BLOCK_RECOMPUTE_RANKS - 1] if len(ranked) >= BLOCK_RECOMPUTE_RANKS else math.inf
+        if _recompute_bound_s(full) >= threshold:
+            break
+        tried += 1
+        block = _block_recompute(job, full, without, cluster, calibration, options, hbm_tolerance)
+        if block is not None:
+            feasible.append(block)
+            ranked = sorted([*ranked, block.step.step_s])
+    return tried
+
+
 def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space: SearchSpace | None = None,
            fixed: dict[str, Any] | None = None, options: StepOptions | None = None,
            progress: Callable[[int], None] | None = None) -> SearchResult:
     """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
     options = options or StepOptions()
-    hbm_tolerance = (space or SearchSpace()).hbm_tolerance
+    space = space or SearchSpace()
+    hbm_tolerance = space.hbm_tolerance
+    partial = space.partial_recompute and (fixed or {}).get("recompute") is None
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
     misses: list[tuple[Layout, float]] = []
+    unfit_without_recompute: dict[tuple[object, ...], float] = {}  # bytes each no-recompute layout needs
+    block_pairs: list[tuple[Candidate, float]] = []  # full-recompute candidates whose no-recompute twin did not fit
     tried = 0
     for layout in enumerate_layouts(job, cluster, space, fixed):
         tried += 1
         outcome = evaluate(job, layout, cluster, calibration, options, hbm_tolerance=hbm_tolerance)
         if isinstance(outcome, Candidate):
             feasible.append(outcome)
+            if partial and layout.recompute == "full":
+                without = unfit_without_recompute.get(_recompute_twin_key(layout))
+                if without is not None:
+                    block_pairs.append((outcome, without))
         else:
             reason, over = outcome
             reasons[reason] += 1
             if reason == "memory":
                 misses.append((layout, over))
+                if partial and layout.recompute == "none":
+                    unfit_without_recompute[_recompute_twin_key(layout)] = over + cluster.gpu.hbm_bytes
         if progress is not None and tried % 256 == 0:
             progress(tried)
+    tried += _add_block_recompute(job, feasible, block_pairs, cluster, calibration, options, hbm_tolerance)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])
