@@ -516,3 +516,20 @@ def test_block_recompute_saves_one_layers_activations_per_recomputed_layer() -> 
     assert ten - full == pytest.approx((layers - 10) * (whole - kept))
     with pytest.raises(LayoutError, match="recompute_layers=4 needs recompute full"):
         validate_layout(Layout(dp=8, recompute_layers=4), LLAMA70B, 8, 8, 4096)
+
+
+def test_offloaded_layers_keep_no_activations_on_the_gpu_but_one_in_transit() -> None:
+    """CPU offloading of k of a rank's n layers (pp 1, no recompute): those k keep nothing in HBM, and one layer's
+    activations are in flight to or from the host. Each more offloaded layer frees one whole layer's bytes."""
+    layout = Layout(dp=8, micro_batch=1, sharding="zero1")
+    kwargs = {"seq_len": 4096, "global_batch": 8, "precision": "bf16", "stage": 0}
+    whole = activation_bytes_per_layer(LLAMA70B, layout, seq_len=4096, micro_batch=1)
+    none = stage_memory(LLAMA70B, layout, **kwargs).activations_bytes
+    ten = stage_memory(LLAMA70B, layout.with_(offload_activation_layers=10), **kwargs).activations_bytes
+    eleven = stage_memory(LLAMA70B, layout.with_(offload_activation_layers=11), **kwargs).activations_bytes
+    assert ten - eleven == pytest.approx(whole)
+    assert none - ten == pytest.approx(10 * whole - whole)
+    with pytest.raises(LayoutError, match="pp=1"):
+        validate_layout(Layout(pp=2, dp=4, offload_activation_layers=4), LLAMA70B, 8, 8, 4096)
+    with pytest.raises(LayoutError, match="no recompute"):
+        validate_layout(Layout(dp=8, recompute="full", offload_activation_layers=4), LLAMA70B, 8, 8, 4096)

@@ -96,7 +96,7 @@ def test_moe_layouts_try_whole_experts_where_megatron_would_split_them() -> None
     assert {lay.expert_tp for lay in enumerate_layouts(dense, cluster(16), SearchSpace(), fixed=fixed)} == {None}
 
 
-def test_a_layout_that_needs_recompute_recomputes_only_the_layers_it_must() -> None:
+def test_a_layout_that_needs_recompute_recomputes_or_offloads_only_the_layers_it_must() -> None:
     # Llama 3.1 8B on 8 H100 (dp 8, ZeRO-1, micro-batch 2) on a GPU whose memory lies between what the layout needs
     # with and without full recompute: the search also offers block recompute of k of the 32 layers, k the fewest
     # that fit (memory falls by one layer's saved activations per recomputed layer), and ranks it above full.
@@ -118,6 +118,14 @@ def test_a_layout_that_needs_recompute_recomputes_only_the_layers_it_must() -> N
     assert not isinstance(fewer, Candidate)  # the fewest that fit
     whole = next(c for c in found.feasible if c.layout.recompute == "full" and c.layout.recompute_layers is None)
     assert best.step.step_s < whole.step.step_s
+    # at pp 1 the search also offers offloading the fewest layers' activations to CPU memory; over this H100's
+    # PCIe link the copies show, so block recompute ranks first here
+    offload = next(c for c in found.feasible if c.layout.offload_activation_layers is not None)
+    assert offload.layout.recompute == "none" and offload.memory.total_bytes <= tight.gpu.hbm_bytes
+    count = offload.layout.offload_activation_layers
+    assert count is not None and not isinstance(
+        evaluate(job, offload.layout.with_(offload_activation_layers=count - 1), tight, CAL), Candidate)
+    assert offload.step.parts["offload.activations"].exposed_s > 0
     # a run that says "full" keeps every layer recomputed
     pinned = search(job, tight, CAL, fixed={**fixed, "recompute": "full"})
     assert all(c.layout.recompute_layers is None for c in pinned.feasible)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.compute import gemm_time_s
 from gpufleet.perf.step import StepOptions, estimate_step, expected_destination_nodes
@@ -290,4 +291,23 @@ def test_block_recompute_adds_its_share_of_the_recompute_work() -> None:
     assert block.parts["compute.recompute"].exposed_s == pytest.approx(full.parts["compute.recompute"].exposed_s / 4)
     assert block.parts["comm.tp"].exposed_s == pytest.approx(none.parts["comm.tp"].exposed_s * 4.5 / 4)
     assert none.step_s < block.step_s < full.step_s
+
+
+def test_activation_offload_copies_each_offloaded_layer_out_and_back_over_the_host_link() -> None:
+    # Llama 3.1 8B, 8 of 32 layers offloaded, dp 8 on one H100 node (PCIe Gen5 x16: 64 GB/s x 0.8 per direction):
+    # each offloaded layer's activations go to the host in forward and come back in backward; what the layer's
+    # own forward or backward compute does not cover shows. On GB200 (NVLink-C2C, 450 GB/s) nothing shows.
+    job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=16)
+    layout = Layout(dp=8, micro_batch=2, sharding="zero1", offload_activation_layers=8)
+    step = estimate_step(job, layout, cluster(8), CAL)
+    part = step.parts["offload.activations"]
+    layer_bytes = activation_bytes_per_layer(LLAMA8, layout, seq_len=4096, micro_batch=2)
+    copy_s = layer_bytes / (64e9 * 0.8)
+    assert part.exposed_s + part.hidden_s == pytest.approx(step.micro_batches * 8 * 2 * copy_s)
+    plain = estimate_step(job, layout.with_(offload_activation_layers=None), cluster(8), CAL)
+    assert step.step_s == pytest.approx(plain.step_s + part.exposed_s)
+    gb200 = CATALOG.gpu("gb200")
+    rack = Cluster(gb200, CATALOG.node_for_gpu("gb200"), 8, Fabric(CATALOG.network("ndr400")))
+    fast = estimate_step(job, layout, rack, CATALOG.calibration("gb200")).parts["offload.activations"]
+    assert fast.exposed_s == 0 and fast.hidden_s > 0
 

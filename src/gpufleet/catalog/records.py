@@ -66,6 +66,9 @@ class GPUSpec(Record):
     hbm_tbps: float = Field(gt=0, description="HBM bandwidth, TB/s (decimal)")
     scale_up: ScaleUp
     tdp_w: float = Field(gt=0)
+    host_link_gbytes_per_s: float | None = Field(
+        default=None, gt=0, description="GPU-to-CPU link per direction, GB/s (PCIe x16 or NVLink-C2C); None: unknown"
+    )
 
     def peak_flops(self, precision: Precision) -> float:
         """Dense peak FLOP/s for a precision; raises if the GPU lacks it."""

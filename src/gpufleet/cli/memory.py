@@ -72,6 +72,10 @@ def register(app: typer.Typer) -> None:
             None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many of each "
             "pipeline rank's layers (Megatron's block method) [default: all]."
         ),
+        offload_activations: int | None = typer.Option(
+            None, "--offload-activations", min=1, help="Keep this many layers' activations in CPU memory "
+            "(Megatron-Core's --cpu-offloading-num-layers; pp 1, no recompute)."
+        ),
         expert_tp: int | None = typer.Option(
             None, "--expert-tp", min=1, help="MoE: tensor parallelism inside the experts [default: tp when ep "
             "divides dp·cp, else 1]."
@@ -118,6 +122,7 @@ def register(app: typer.Typer) -> None:
             offload_optimizer=offload_optimizer,
             hsdp_group=hsdp_group,
             recompute_layers=recompute_layers,
+            offload_activation_layers=offload_activations,
             expert_tp=expert_tp,
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp

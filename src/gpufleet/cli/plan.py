@@ -41,6 +41,7 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
             "sequence_parallel": plan.layout.sequence_parallel,
             "sharding": plan.layout.sharding, "micro_batch": plan.layout.micro_batch,
             "recompute": plan.layout.recompute, "recompute_layers": plan.layout.recompute_layers,
+            "offload_activation_layers": plan.layout.offload_activation_layers,
             "label": plan.layout.short(),
         },
         "peak_memory_bytes": memory.total_bytes,

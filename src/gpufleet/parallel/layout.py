@@ -45,6 +45,9 @@ class Layout:
     #: with recompute "full": how many of each pipeline rank's layers are recomputed (Megatron's
     #: --recompute-method block --recompute-num-layers); None = all of them
     recompute_layers: int | None = None
+    #: layers of each rank whose saved activations go to CPU memory during the forward and come back for the
+    #: backward (Megatron-Core's --cpu-offloading-num-layers); None = none
+    offload_activation_layers: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -77,6 +80,8 @@ class Layout:
                 parts[-1] += f"({self.recompute_layers})"
         if self.offload_optimizer:
             parts.append("offload")
+        if self.offload_activation_layers:
+            parts.append(f"act-offload({self.offload_activation_layers})")
         return " ".join(parts)
 
 
@@ -136,6 +141,11 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("sharding", f"sharding must be one of {', '.join(SHARDINGS)}")
     if layout.recompute not in RECOMPUTES:
         raise broken("recompute", f"recompute must be one of {', '.join(RECOMPUTES)}")
+    if layout.offload_activation_layers is not None:
+        k = layout.offload_activation_layers
+        if k < 1 or k > model.layers or layout.pp > 1 or layout.recompute != "none":
+            raise broken("offload-activations", f"offload_activation_layers={k} needs 1..{model.layers} layers, pp=1 "
+                         "and no recompute (Megatron-Core's CPU offloading supports neither)")
     if layout.recompute_layers is not None and (layout.recompute != "full" or layout.recompute_layers < 1):
         raise broken("recompute-layers", f"recompute_layers={layout.recompute_layers} needs recompute full and at "
                      "least one layer")

@@ -250,6 +250,8 @@ def stage_memory(
     per_mb = 0.0
     worst_layer = 0.0
     recomputed = recomputed_fraction(layout, n_layers)  # block recompute: that share keeps only its input
+    # CPU offloading: that share of the layers keeps nothing on the GPU, but one layer's tensors are in transit
+    offloaded = min(1.0, (layout.offload_activation_layers or 0) / n_layers) if n_layers else 0.0
     for count, moe_layer in ((n_dense, False), (n_moe, True)):
         if not count:
             continue
@@ -259,6 +261,9 @@ def stage_memory(
             whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
             worst_layer = max(worst_layer, whole)
             saved = recomputed * saved + (1 - recomputed) * whole
+        if offloaded:
+            worst_layer = max(worst_layer, saved)  # the layer whose copy to or from the host is in flight
+            saved *= 1 - offloaded
         per_mb += count * saved
     activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
     if first:

@@ -14,9 +14,11 @@ from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import ModelSpec
+from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import CollectiveCost, Op, collective_cost
 from gpufleet.fabric.placement import GroupKind, GroupSpan, Placement, group_span
 from gpufleet.fabric.topology import Cluster
+from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.parallel.layout import (
     Layout,
     expert_parallel_degrees,
@@ -34,6 +36,9 @@ from gpufleet.workload.params import embedding_params, layer_params, output_para
 
 #: Bytes per gradient element on the wire (bf16 reduction, Megatron's default grad_reduce_in_fp32=False).
 GRAD_WIRE_BYTES = 2
+#: Share of the GPU-to-CPU link's line rate that pinned-memory copies reach (judgement: cudaMemcpy over PCIe Gen5
+#: x16 moves ~50-55 of 64 GB/s).
+HOST_LINK_FRACTION = 0.8
 #: Megatron DDP's gradient bucket (elements); each bucket is one collective with its own latency.
 DP_BUCKET_ELEMENTS = 40e6
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
@@ -243,6 +248,37 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     return seconds
 
 
+def _activation_offload_s(job: Job, layout: Layout, cluster: Cluster, options: StepOptions,
+                          layers: tuple[tuple[LayerCompute | None, bool], ...]) -> tuple[float, float, str]:
+    """(exposed, hidden, link) seconds per micro-batch of CPU activation offloading: each offloaded layer's saved
+    activations go to the host while later layers compute forward and come back while earlier ones compute
+    backward; a copy longer than that compute shows."""
+    count = layout.offload_activation_layers or 0
+    if not count:
+        return 0.0, 0.0, ""
+    link_gbytes = cluster.gpu.host_link_gbytes_per_s
+    if link_gbytes is None:
+        raise InputError(f"{cluster.gpu.id} has no host link (host_link_gbytes_per_s) in the catalog; activation "
+                         "offloading needs it")
+    bandwidth = link_gbytes * 1e9 * HOST_LINK_FRACTION
+    model = job.model
+    moe_from = model.layers if model.moe is None else model.moe.dense_layers
+    exposed = hidden = 0.0
+    for compute, moe in layers:
+        if compute is None:
+            continue
+        share = (model.layers - moe_from if moe else moe_from) / model.layers
+        nbytes = activation_bytes_per_layer(model, layout, seq_len=job.seq_len, micro_batch=layout.micro_batch,
+                                            moe_layer=moe, flash_attention=options.memory.flash_attention,
+                                            dropout=options.memory.dropout, recompute="none",
+                                            fp8=job.precision == "fp8")
+        copy_s = nbytes / bandwidth
+        shown = max(0.0, copy_s - compute.forward_s) + max(0.0, copy_s - compute.backward_s)
+        exposed += count * share * shown
+        hidden += count * share * (2 * copy_s - shown)
+    return exposed, hidden, f"host link {link_gbytes:g} GB/s x {HOST_LINK_FRACTION:g}"
+
+
 def expected_destination_nodes(experts: int, top_k: int, nodes: int) -> float:
     """Distinct nodes a token's top_k experts land on, experts spread evenly over `nodes` and chosen uniformly
     without replacement: nodes · (1 − C(E − E/N, k) / C(E, k))."""
@@ -367,9 +403,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     p2p_bytes = act_bytes / layout.tp
     p2p = _cost("send-recv", p2p_bytes, "pp", layout, cluster, options) if pp > 1 else None
     p2p_per_mb_s = 2 * vpp * p2p.time_s if p2p else 0.0
+    offload_exposed_s, offload_hidden_s, offload_link = _activation_offload_s(
+        job, layout, cluster, options, ((dense_layer, False), (moe_layer, True)))
+
     stage_times = []
     for stage, (n_dense, n_moe) in enumerate(stage_layer_split(model.layers, pp, vpp, moe_from)):
-        t = n_dense * dense_time + n_moe * moe_time + p2p_per_mb_s
+        t = n_dense * dense_time + n_moe * moe_time + p2p_per_mb_s + offload_exposed_s
         if stage == pp - 1:
             t += logits_s
         stage_times.append(t)
@@ -426,6 +465,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                  + (", dropless sync" if options.moe_dropless else ", runs ahead (token-drop)"))
         parts["host.moe"] = Part(m * moe_per_stage * moe_host_exposed_s, m * moe_per_stage * (
             moe_host_s - moe_host_exposed_s), bound)
+    if offload_link:
+        parts["offload.activations"] = Part(m * offload_exposed_s, m * offload_hidden_s, offload_link)
     if p2p:
         parts["comm.pp"] = Part(m * p2p_per_mb_s, 0.0, p2p.link)
         parts["bubble"] = Part(bubble_s)

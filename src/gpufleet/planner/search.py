@@ -33,7 +33,8 @@ class SearchSpace:
     #: fraction of HBM a layout's estimate may exceed and still count as fitting (0 for planning)
     hbm_tolerance: float = 0.0
     #: where a layout fits only with full recompute, also try recomputing just enough of each rank's layers
-    #: (Megatron's block recompute, --recompute-num-layers)
+    #: (Megatron's block recompute, --recompute-num-layers) and, at pp = 1, offloading just enough layers'
+    #: activations to CPU memory (--cpu-offloading-num-layers)
     partial_recompute: bool = True
 
 
@@ -141,23 +142,43 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
 
-def _block_recompute(job: Job, full: Candidate, without_bytes: float, cluster: Cluster,
-                     calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> Candidate | None:
-    """The layout of `full` recomputing only as many of each rank's layers as it needs to fit: memory falls about
-    linearly from `without_bytes` (no recompute) to the full-recompute figure, so interpolate, then step up until
-    the memory model agrees. None when every layer must be recomputed."""
+def _fewest_layers(job: Job, full: Candidate, without_bytes: float, cluster: Cluster,
+                   calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float,
+                   variant: Callable[[int], Layout], most: int) -> Candidate | None:
+    """`variant(k)` for the smallest k of a rank's layers that fits: memory falls about linearly in k from
+    `without_bytes` (no recompute) to about the full-recompute figure, so interpolate, then step up until the
+    memory model agrees. None when no k below `most` fits."""
     layers = math.ceil(job.model.layers / full.layout.pp)
     cap = cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
     saving = without_bytes - full.memory.total_bytes
     if layers < 2 or saving <= 0:
         return None
     needed = max(1, math.ceil(layers * (without_bytes - cap) / saving))
-    for count in range(needed, min(layers, needed + 3)):
-        outcome = evaluate(job, full.layout.with_(recompute_layers=count), cluster, calibration, options,
-                           hbm_tolerance=hbm_tolerance)
+    for count in range(needed, min(most, needed + 3) + 1):
+        outcome = evaluate(job, variant(count), cluster, calibration, options, hbm_tolerance=hbm_tolerance)
         if isinstance(outcome, Candidate):
             return outcome
     return None
+
+
+def _partial_variants(job: Job, full: Candidate, without_bytes: float, cluster: Cluster,
+                      calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> list[Candidate]:
+    """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
+    fewest layers (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link is known, CPU
+    offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
+    layers = math.ceil(job.model.layers / full.layout.pp)
+    found = []
+    block = _fewest_layers(job, full, without_bytes, cluster, calibration, options, hbm_tolerance,
+                           lambda k: full.layout.with_(recompute_layers=k), layers - 1)
+    if block is not None:
+        found.append(block)
+    if full.layout.pp == 1 and cluster.gpu.host_link_gbytes_per_s is not None:
+        plain = full.layout.with_(recompute="none", recompute_layers=None)
+        offload = _fewest_layers(job, full, without_bytes, cluster, calibration, options, hbm_tolerance,
+                                 lambda k: plain.with_(offload_activation_layers=k), layers)
+        if offload is not None:
+            found.append(offload)
+    return found
 
 
 def _recompute_twin_key(layout: Layout) -> tuple[object, ...]:
@@ -171,29 +192,29 @@ BLOCK_RECOMPUTE_RANKS = 10
 
 
 def _recompute_bound_s(full: Candidate) -> float:
-    """A floor on any block-recompute variant's step: the full-recompute step without its recompute work (the
-    recomputed forward and its share, 2 of 6 passes, of the TP and EP traffic)."""
+    """A floor on any cheaper variant's step (block recompute, activation offload): the full-recompute step
+    without its recompute work (the recomputed forward and its share, 2 of 6 passes, of the TP and EP traffic)."""
     parts = full.step.parts
     saved = parts["compute.recompute"].exposed_s
     saved += sum(parts[name].exposed_s for name in ("comm.tp", "comm.ep") if name in parts) / 3
     return full.step.step_s - saved
 
 
-def _add_block_recompute(job: Job, feasible: list[Candidate], pairs: list[tuple[Candidate, float]],
+def _add_cheaper_variants(job: Job, feasible: list[Candidate], pairs: list[tuple[Candidate, float]],
                          cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
                          hbm_tolerance: float) -> int:
-    """Append the block-recompute variants that could rank among the fastest plans; return how many were tried."""
+    """Append the block-recompute and offload variants that could rank among the fastest plans; return how many
+    were added (the probes that did not fit are not counted as tried layouts)."""
     ranked = sorted(c.step.step_s for c in feasible)
     tried = 0
     for full, without in sorted(pairs, key=lambda pair: _recompute_bound_s(pair[0])):
         threshold = ranked[BLOCK_RECOMPUTE_RANKS - 1] if len(ranked) >= BLOCK_RECOMPUTE_RANKS else math.inf
         if _recompute_bound_s(full) >= threshold:
             break
-        tried += 1
-        block = _block_recompute(job, full, without, cluster, calibration, options, hbm_tolerance)
-        if block is not None:
-            feasible.append(block)
-            ranked = sorted([*ranked, block.step.step_s])
+        for variant in _partial_variants(job, full, without, cluster, calibration, options, hbm_tolerance):
+            tried += 1
+            feasible.append(variant)
+            ranked = sorted([*ranked, variant.step.step_s])
     return tried
 
 
@@ -229,7 +250,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
                     unfit_without_recompute[_recompute_twin_key(layout)] = over + cluster.gpu.hbm_bytes
         if progress is not None and tried % 256 == 0:
             progress(tried)
-    tried += _add_block_recompute(job, feasible, block_pairs, cluster, calibration, options, hbm_tolerance)
+    tried += _add_cheaper_variants(job, feasible, block_pairs, cluster, calibration, options, hbm_tolerance)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])
