@@ -276,9 +276,11 @@ def cited_years(source: str) -> list[int]:
 
 
 def stack_recipe(run: PublishedRun) -> StackRecipe | None:
-    """The first STACK_RECIPES entry whose key the run's source names."""
+    """The first STACK_RECIPES entry whose key the run's source names as a whole word ("nvidia/nemo" is not
+    "nvidia/nemotron-4")."""
     source = run.source.lower()
-    return next((recipe for key, recipe in STACK_RECIPES if key in source), None)
+    return next((recipe for key, recipe in STACK_RECIPES
+                 if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", source)), None)
 
 
 def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:
