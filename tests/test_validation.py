@@ -320,3 +320,15 @@ def test_nemotron4_340b_holdout() -> None:
     for run in load_runs(DATA / "nemotron_holdout.yaml"):
         prediction = predict_run(run, catalog)
         assert prediction.error is not None and abs(prediction.error) <= 0.05, (run.id, prediction.error)
+
+
+def test_nemo_2412_holdout() -> None:
+    # Not shipped, nothing fitted: NeMo Framework 24.12's FP8 pre-training table on H100 for the 8 rows whose models
+    # the catalog has (GPT-3 175B, Llama 2 7B/13B/70B, Nemotron-4 340B, Llama 3 8B/70B). When written: median 7.0 %,
+    # worst -11.8 % (Nemotron-4 340B, where the memory model asks for block recompute of 7 layers per rank).
+    catalog = load_catalog()
+    errors = [predict_run(run, catalog).error for run in load_runs(DATA / "nemo_2412_holdout.yaml")]
+    assert len(errors) == 8 and all(e is not None for e in errors)
+    magnitudes = sorted(abs(e or 0.0) for e in errors)
+    assert (magnitudes[3] + magnitudes[4]) / 2 <= 0.10
+    assert magnitudes[-1] <= 0.15
