@@ -344,3 +344,18 @@ def test_nemo_blackwell_holdout() -> None:
     magnitudes = sorted(abs(e or 0.0) for e in errors)
     assert (magnitudes[5] + magnitudes[6]) / 2 <= 0.12
     assert magnitudes[-1] <= 0.20
+
+
+def test_automodel_holdout() -> None:
+    # Not shipped, nothing fitted: NeMo AutoModel (PyTorch FSDP2 + Transformer Engine + DeepEP) on H100 in BF16.
+    # A stack the model captures less well; the bounds guard the figures measured when written: DeepSeek-V3 on
+    # 1,024 / 256 H100 -11.5 / -31.8 % (with DeepEP's once-per-node dispatch; -26 / -44 % without), Qwen3-30B-A3B on 8
+    # -34.5 % (the memory model says even full recompute is 14 GiB over), Llama 3 70B on 64 +20.3 %.
+    catalog = load_catalog()
+    runs = load_runs(DATA / "automodel_holdout.yaml")
+    errors = {run.id: predict_run(run, catalog).error for run in runs}
+    assert all(e is not None for e in errors.values())
+    assert abs(errors["automodel-h100-deepseek-v3-1024gpu"] or 0.0) <= 0.15
+    assert max(abs(e or 0.0) for e in errors.values()) <= 0.40
+    deepseek = run_step_options(runs[0])
+    assert deepseek.ep_dispatch == "node-dedup"

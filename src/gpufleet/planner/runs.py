@@ -244,6 +244,9 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="node-dedup", reason=(
         "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
         "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
+    ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", reason=(
+        "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
+        "dispatch)"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
