@@ -533,3 +533,16 @@ def test_offloaded_layers_keep_no_activations_on_the_gpu_but_one_in_transit() ->
         validate_layout(Layout(pp=2, dp=4, offload_activation_layers=4), LLAMA70B, 8, 8, 4096)
     with pytest.raises(LayoutError, match="no recompute"):
         validate_layout(Layout(dp=8, recompute="full", offload_activation_layers=4), LLAMA70B, 8, 8, 4096)
+
+
+def test_fsdp2_keeps_fp32_parameters_as_the_master() -> None:
+    """PyTorch FSDP2 (torchtitan, NeMo AutoModel): 4 (fp32 param = master) + 4 (fp32 grad) + 8 (Adam m, v) = 16 bytes
+    per parameter, sharded over dp; Megatron's layout is 2 + 4 + 12 = 18 (ZeRO paper's K = 12)."""
+    model = gpt(hidden=1024, heads=16, layers=4)
+    psi = count_params(model).total
+    layout = Layout(dp=8, sharding="fsdp")
+    kwargs = {"seq_len": 128, "global_batch": 8, "precision": "bf16", "stage": 0}
+    fsdp2 = stage_memory(model, layout, assumptions=MemoryAssumptions(fp32_params=True), **kwargs)
+    megatron = stage_memory(model, layout, **kwargs)
+    assert fsdp2.weights_bytes + fsdp2.gradients_bytes + fsdp2.optimizer_bytes == pytest.approx(16 * psi / 8)
+    assert megatron.weights_bytes + megatron.gradients_bytes + megatron.optimizer_bytes == pytest.approx(18 * psi / 8)

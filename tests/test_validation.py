@@ -358,4 +358,6 @@ def test_automodel_holdout() -> None:
     assert abs(errors["automodel-h100-deepseek-v3-1024gpu"] or 0.0) <= 0.15
     assert max(abs(e or 0.0) for e in errors.values()) <= 0.40
     deepseek = run_step_options(runs[0])
-    assert deepseek.ep_dispatch == "node-dedup"
+    assert deepseek.ep_dispatch == "node-dedup" and deepseek.memory.fp32_params
+    torchtitan = next(run for run in load_runs() if run.id.startswith("torchtitan"))
+    assert run_step_options(torchtitan).memory.fp32_params  # FSDP2 keeps fp32 parameters as the master

@@ -71,6 +71,9 @@ class MemoryAssumptions:
 
     grad_dtype: GradDtype = "fp32"
     optimizer_bytes_per_param: float = 12.0  # fp32 master + Adam m + v
+    #: PyTorch FSDP2 (torchtitan, NeMo AutoModel): the sharded fp32 parameter *is* the master copy and the bf16
+    #: weights exist only while a layer is gathered, so a parameter costs 4 + grads + 8 (Adam m, v) at rest
+    fp32_params: bool = False
     flash_attention: bool = True
     dropout: bool = False
     logits_bytes_per_element: float = LOGITS_BYTES_PER_ELEMENT  # 6 fused (Megatron); ~12 unfused fp32 upcast
@@ -234,14 +237,16 @@ def stage_memory(
             dense_params += c.vocab_embedding / tp  # untied output head (output_norm holds only the norm)
 
     (wd, gd, od), (we, ge, oe) = _shard_degrees(layout, edp)
-    weight_bytes_per_param = 2.0
-    weights = weight_bytes_per_param * (dense_params / wd + expert_params / we)
+    weight_bytes_per_param = 2.0  # what a gathered (bf16) layer costs
+    resident_weight_bytes = 4.0 if a.fp32_params else weight_bytes_per_param
+    weights = resident_weight_bytes * (dense_params / wd + expert_params / we)
     if precision == "fp8":
         weights += 2.0 * (layer_dense_params / wd + expert_params / we)  # fp8 weight + transpose caches
     gradients = a.grad_bytes * (dense_params / gd + expert_params / ge)
     optimizer = 0.0
     if not layout.offload_optimizer:
-        optimizer = a.optimizer_bytes_per_param * (dense_params / od + expert_params / oe)
+        optimizer_bytes = a.optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)  # the master is the param
+        optimizer = optimizer_bytes * (dense_params / od + expert_params / oe)
 
     # --- activations
     mb = layout.micro_batch

@@ -220,6 +220,7 @@ class StackRecipe:
     sharding: Sharding | None = None  # fills a run's null sharding
     ep_comm_overlap: bool | None = None
     ep_dispatch: Literal["all-to-all", "node-dedup"] | None = None
+    fp32_params: bool | None = None  # PyTorch FSDP2: the sharded fp32 parameter is the optimizer's master
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -244,9 +245,12 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="node-dedup", reason=(
         "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
         "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
-    ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", reason=(
+    ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", fp32_params=True, reason=(
         "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
-        "dispatch)"))),
+        "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy"))),
+    ("torchtitan", StackRecipe(fp32_params=True, reason=(
+        "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
+        "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
@@ -305,8 +309,10 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
         return options
     step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
-    if recipe.grad_dtype is not None:
-        changes["memory"] = replace(options.memory, grad_dtype=recipe.grad_dtype)
+    memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params")
+                              if getattr(recipe, name) is not None}
+    if memory:
+        changes["memory"] = replace(options.memory, **memory)
     return replace(options, **changes)
 
 
