@@ -129,3 +129,16 @@ def test_a_layout_that_needs_recompute_recomputes_or_offloads_only_the_layers_it
     # a run that says "full" keeps every layer recomputed
     pinned = search(job, tight, CAL, fixed={**fixed, "recompute": "full"})
     assert all(c.layout.recompute_layers is None for c in pinned.feasible)
+
+
+def test_selective_recompute_is_skipped_where_a_fused_attention_kernel_stores_no_scores() -> None:
+    # With flash/cuDNN attention, selective recompute (the attention core again) saves no memory and costs time, so
+    # the search does not try it; with an eager kernel it drops the s x s scores and stays in the space. A run that
+    # says "selective" keeps it.
+    job = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=64)
+    flash = search(job, cluster(16), CAL)
+    assert all(c.layout.recompute != "selective" for c in flash.feasible)
+    eager = CAL.model_copy(update={"attention_kernel": "materialized"})
+    assert any(c.layout.recompute == "selective" for c in search(job, cluster(16), eager).feasible)
+    pinned = search(job, cluster(16), CAL, fixed={"recompute": "selective"})
+    assert pinned.feasible and all(c.layout.recompute == "selective" for c in pinned.feasible)

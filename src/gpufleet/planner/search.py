@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.catalog.calibration import CalibrationProfile
@@ -224,6 +224,10 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
     """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
     options = options or StepOptions()
     space = space or SearchSpace()
+    if calibration.attention_kernel != "materialized" and options.memory.flash_attention:
+        # Selective recompute re-runs the attention core to drop its score matrix; a fused kernel never stores one,
+        # so the same memory costs more time: never a better plan.
+        space = replace(space, recomputes=tuple(r for r in space.recomputes if r != "selective"))
     hbm_tolerance = space.hbm_tolerance
     partial = space.partial_recompute and (fixed or {}).get("recompute") is None
     feasible: list[Candidate] = []
