@@ -9,13 +9,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufleet.catalog.registry import load_catalog
+from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.ranking import rank_groups
 from gpufleet.planner.runs import load_runs, shipped_runs_path
 from gpufleet.planner.validate import RunPrediction, predict_run, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Published runs that are not in the shipped file, each checked by a test in tests/test_validation.py.
+HOLDOUTS = (
+    ("megatron_bridge_holdout.yaml", "Megatron-Bridge performance archive (H100, B200, GB200; dense and MoE)"),
+    ("llama3_holdout.yaml", "Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100"),
+    ("nemotron_holdout.yaml", "Nemotron-4 340B: its report's 6,144-H100 stage and NVIDIA's DGXC benchmark"),
+    ("nemo_2412_holdout.yaml", "NeMo Framework 24.12, FP8 on H100"),
+    ("nemo_blackwell_holdout.yaml", "NeMo 25.02 on DGX-B200 and 25.04 on DGX-GB200, FP8"),
+    ("automodel_holdout.yaml", "NeMo AutoModel (PyTorch FSDP2 + DeepEP), BF16 on H100"),
+)
 
 
 def pct(value: float | None) -> str:
@@ -41,6 +50,19 @@ def run_table(predictions: list[RunPrediction]) -> list[str]:
         lines.append(f"| {p.id} | {p.quality} | {p.layout.short() if p.layout else '–'} | {predicted} | "
                      f"{p.target_tokens_per_s_per_gpu:,.0f} | {pct(p.error)} | {p.note} |")
     return lines
+
+
+def holdout_sections(catalog: Catalog) -> list[str]:
+    """A summary row per hold-out file, then each file's runs."""
+    lines = ["| set | runs | median abs error | worst abs error |", "|---|---|---|---|"]
+    tables: list[str] = []
+    for name, title in HOLDOUTS:
+        predictions = [predict_run(run, catalog) for run in load_runs(ROOT / "tests" / "data" / name)]
+        summary = summarize(predictions)["all"]
+        lines.append(f"| {title} (`{name}`) | {summary['runs']} | {summary['median_abs_error']:.1%} | "
+                     f"{summary['worst_abs_error']:.1%} |")
+        tables += [f"### {title}", "", *run_table(predictions), ""]
+    return [*lines, "", *tables]
 
 
 def main() -> None:
@@ -75,6 +97,11 @@ def main() -> None:
         "",
         *run_table(published),
         "",
+        "## Hold-out sets (`gpufleet validate --runs tests/data/FILE`)",
+        "",
+        "Published runs that are not in the shipped file; nothing in the model is fitted to them.",
+        "",
+        *holdout_sections(catalog),
         "## Layout ranking on vTrain's 109 A100 runs (`gpufleet validate --rank`)",
         "",
         "Cluster described by `tests/data/vtrain_cluster.yaml` (a user node: NVLink3 at the 0.70 of line",
