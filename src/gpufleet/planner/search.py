@@ -147,7 +147,7 @@ def _fewest_layers(job: Job, full: Candidate, without_bytes: float, cluster: Clu
                    variant: Callable[[int], Layout], most: int) -> Candidate | None:
     """`variant(k)` for the smallest k of a rank's layers that fits: memory falls about linearly in k from
     `without_bytes` (no recompute) to about the full-recompute figure, so interpolate, then step up until the
-    memory model agrees. None when no k below `most` fits."""
+    memory model agrees. None when no k up to `most` fits."""
     layers = math.ceil(job.model.layers / full.layout.pp)
     cap = cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
     saving = without_bytes - full.memory.total_bytes
@@ -187,8 +187,8 @@ def _recompute_twin_key(layout: Layout) -> tuple[object, ...]:
             layout.sharding, layout.micro_batch, layout.expert_tp, layout.offload_optimizer)
 
 
-#: Block-recompute candidates are only built where they could rank among this many of the fastest plans.
-BLOCK_RECOMPUTE_RANKS = 10
+#: Block-recompute and offload variants are only built where they could rank among this many of the fastest plans.
+CHEAPER_VARIANT_RANKS = 10
 
 
 def _recompute_bound_s(full: Candidate) -> float:
@@ -208,7 +208,7 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], pairs: list[tuple
     ranked = sorted(c.step.step_s for c in feasible)
     tried = 0
     for full, without in sorted(pairs, key=lambda pair: _recompute_bound_s(pair[0])):
-        threshold = ranked[BLOCK_RECOMPUTE_RANKS - 1] if len(ranked) >= BLOCK_RECOMPUTE_RANKS else math.inf
+        threshold = ranked[CHEAPER_VARIANT_RANKS - 1] if len(ranked) >= CHEAPER_VARIANT_RANKS else math.inf
         if _recompute_bound_s(full) >= threshold:
             break
         for variant in _partial_variants(job, full, without, cluster, calibration, options, hbm_tolerance):
@@ -229,32 +229,32 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         # so the same memory costs more time: never a better plan.
         space = replace(space, recomputes=tuple(r for r in space.recomputes if r != "selective"))
     hbm_tolerance = space.hbm_tolerance
-    partial = space.partial_recompute and (fixed or {}).get("recompute") is None
+    try_cheaper = space.partial_recompute and (fixed or {}).get("recompute") is None
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
     misses: list[tuple[Layout, float]] = []
     unfit_without_recompute: dict[tuple[object, ...], float] = {}  # bytes each no-recompute layout needs
-    block_pairs: list[tuple[Candidate, float]] = []  # full-recompute candidates whose no-recompute twin did not fit
+    full_only_pairs: list[tuple[Candidate, float]] = []  # full-recompute candidates whose no-recompute twin did not fit
     tried = 0
     for layout in enumerate_layouts(job, cluster, space, fixed):
         tried += 1
         outcome = evaluate(job, layout, cluster, calibration, options, hbm_tolerance=hbm_tolerance)
         if isinstance(outcome, Candidate):
             feasible.append(outcome)
-            if partial and layout.recompute == "full":
+            if try_cheaper and layout.recompute == "full":
                 without = unfit_without_recompute.get(_recompute_twin_key(layout))
                 if without is not None:
-                    block_pairs.append((outcome, without))
+                    full_only_pairs.append((outcome, without))
         else:
             reason, over = outcome
             reasons[reason] += 1
             if reason == "memory":
                 misses.append((layout, over))
-                if partial and layout.recompute == "none":
+                if try_cheaper and layout.recompute == "none":
                     unfit_without_recompute[_recompute_twin_key(layout)] = over + cluster.gpu.hbm_bytes
         if progress is not None and tried % 256 == 0:
             progress(tried)
-    tried += _add_cheaper_variants(job, feasible, block_pairs, cluster, calibration, options, hbm_tolerance)
+    tried += _add_cheaper_variants(job, feasible, full_only_pairs, cluster, calibration, options, hbm_tolerance)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])
