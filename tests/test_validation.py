@@ -349,8 +349,8 @@ def test_nemo_blackwell_holdout() -> None:
 def test_automodel_holdout() -> None:
     # Not shipped, nothing fitted: NeMo AutoModel (PyTorch FSDP2 + Transformer Engine + DeepEP) on H100 in BF16.
     # A stack the model captures less well; the bounds guard the figures measured when written: DeepSeek-V3 on
-    # 1,024 / 256 H100 -11.5 / -31.8 % (with DeepEP's once-per-node dispatch; -26 / -44 % without), Qwen3-30B-A3B on 8
-    # -34.5 % (the memory model says even full recompute is 14 GiB over), Llama 3 70B on 64 +20.3 %.
+    # 1,024 / 256 H100 -9.8 / -30.6 % (with DeepEP's once-per-node dispatch; -26 / -44 % without), Qwen3-30B-A3B on 8
+    # -34.5 % (the memory model says even full recompute is 6 GiB over), Llama 3 70B on 64 +20.8 %.
     catalog = load_catalog()
     runs = load_runs(DATA / "automodel_holdout.yaml")
     errors = {run.id: predict_run(run, catalog).error for run in runs}
