@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gpufleet.catalog.records import ModelSpec, MoESpec
 from gpufleet.errors import InputError, LayoutError
 from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches, layer_terms
-from gpufleet.parallel.layout import Layout, expert_parallel_degrees, validate_layout
+from gpufleet.parallel.layout import Layout, expert_parallel_degrees, recomputed_fraction, validate_layout
 from gpufleet.parallel.memory import (
     MemoryAssumptions,
     MemoryBreakdown,
@@ -502,7 +502,8 @@ def test_invalid_layouts_raise_layout_error_only(
 
 def test_block_recompute_saves_one_layers_activations_per_recomputed_layer() -> None:
     """Megatron's block recompute of k of a rank's n layers keeps only the input of those k and everything of the
-    rest: each more recomputed layer saves (whole layer − its input) bytes, and k = n is full recompute."""
+    rest: each more recomputed layer saves (whole layer − its input) bytes. Only k = n (full recompute) adds a
+    re-materialised layer on top: with k < n, backward frees the stored layers before it recomputes the first ones."""
     layout = Layout(dp=8, micro_batch=1, recompute="full", sharding="zero1")
     kwargs = {"seq_len": 4096, "global_batch": 8, "precision": "bf16", "stage": 0}
     whole = activation_bytes_per_layer(LLAMA70B, layout, seq_len=4096, micro_batch=1, recompute="none")
@@ -513,9 +514,14 @@ def test_block_recompute_saves_one_layers_activations_per_recomputed_layer() -> 
     ten = stage_memory(LLAMA70B, layout.with_(recompute_layers=10), **kwargs).activations_bytes
     eleven = stage_memory(LLAMA70B, layout.with_(recompute_layers=11), **kwargs).activations_bytes
     assert ten - eleven == pytest.approx(whole - kept)
-    assert ten - full == pytest.approx((layers - 10) * (whole - kept))
+    assert ten - full == pytest.approx((layers - 10) * (whole - kept) - whole)
     with pytest.raises(LayoutError, match="recompute_layers=4 needs recompute full"):
         validate_layout(Layout(dp=8, recompute_layers=4), LLAMA70B, 8, 8, 4096)
+    # Megatron counts --recompute-num-layers per virtual stage: 2 layers of each of 2 chunks of a 40-layer rank
+    interleaved = Layout(pp=2, vpp=2, dp=4, recompute="full", recompute_layers=2)
+    assert recomputed_fraction(interleaved, 40) == pytest.approx(2 * 2 / 40)
+    with pytest.raises(LayoutError, match=r"1\.\.20"):
+        validate_layout(interleaved.with_(recompute_layers=21), LLAMA70B, 16, 16, 4096)
 
 
 def test_offloaded_layers_keep_no_activations_on_the_gpu_but_one_in_transit() -> None:

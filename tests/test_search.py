@@ -9,6 +9,7 @@ from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import peak_stage_memory
+from gpufleet.perf.step import estimate_step
 from gpufleet.planner.search import Candidate, SearchSpace, enumerate_layouts, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -142,3 +143,21 @@ def test_selective_recompute_is_skipped_where_a_fused_attention_kernel_stores_no
     assert any(c.layout.recompute == "selective" for c in search(job, cluster(16), eager).feasible)
     pinned = search(job, cluster(16), CAL, fixed={"recompute": "selective"})
     assert pinned.feasible and all(c.layout.recompute == "selective" for c in pinned.feasible)
+
+
+def test_cheaper_variants_at_pp2_are_the_fewest_that_fit_and_never_beat_no_recompute() -> None:
+    # Llama 3.1 8B, pp 2, dp 4, ZeRO-3 on a GPU with 35 GiB: the block-recompute variant recomputes the fewest layers
+    # of each chunk that fit (one fewer does not), and no variant is faster than its layout without recompute.
+    job = Job(CATALOG.model("llama3-8b"), tokens=1e12, seq_len=4096, global_batch=16)
+    tight = Cluster(H100.model_copy(update={"hbm_gib": 35.0}), CATALOG.node("dgx-h100"), 8,
+                    Fabric(CATALOG.network("ndr400")))
+    fixed = {"tp": 1, "pp": 2, "dp": 4, "cp": 1, "vpp": 1, "sharding": "zero3", "micro_batch": 1,
+             "sequence_parallel": False}
+    found = search(job, tight, CAL, fixed=fixed)
+    block = next(c for c in found.feasible if c.layout.recompute_layers is not None)
+    count = block.layout.recompute_layers
+    assert count is not None and count >= 1
+    if count > 1:
+        assert not isinstance(evaluate(job, block.layout.with_(recompute_layers=count - 1), tight, CAL), Candidate)
+    plain = estimate_step(job, block.layout.with_(recompute="none", recompute_layers=None), tight, CAL)
+    assert block.step.step_s >= plain.step_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
@@ -42,8 +43,8 @@ class Layout:
     #: tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size); None = the
     #: convention of `expert_parallel_degrees`
     expert_tp: int | None = None
-    #: with recompute "full": how many of each pipeline rank's layers are recomputed (Megatron's
-    #: --recompute-method block --recompute-num-layers); None = all of them
+    #: with recompute "full": how many layers of each pipeline chunk (virtual stage) are recomputed (Megatron's
+    #: --recompute-method block --recompute-num-layers, which counts per virtual stage); None = all of them
     recompute_layers: int | None = None
     #: layers of each rank whose saved activations go to CPU memory during the forward and come back for the
     #: backward (Megatron-Core's --cpu-offloading-num-layers); None = none
@@ -99,14 +100,19 @@ def expert_parallel_degrees(layout: Layout) -> tuple[int, int]:
     return etp, layout.dp * layout.cp * layout.tp // (layout.ep * etp)
 
 
+def layers_per_chunk(model_layers: int, layout: Layout) -> int:
+    """Layers of one pipeline chunk (a virtual stage; the whole rank's share at vpp 1), rounded up."""
+    return math.ceil(model_layers / (layout.pp * layout.vpp))
+
+
 def recomputed_fraction(layout: Layout, stage_layers: float) -> float:
     """Share of a pipeline rank's `stage_layers` layers whose forward is recomputed in full (0 without full
-    recompute; block recompute of `recompute_layers` layers recomputes that many, at most all)."""
+    recompute; block recompute of `recompute_layers` layers in each of the rank's vpp chunks, at most all)."""
     if layout.recompute != "full":
         return 0.0
     if layout.recompute_layers is None or stage_layers <= 0:
         return 1.0
-    return min(1.0, layout.recompute_layers / stage_layers)
+    return min(1.0, layout.recompute_layers * layout.vpp / stage_layers)
 
 
 def local_expert_tokens(layout: Layout, tokens: float) -> float:
@@ -143,12 +149,14 @@ def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: i
         raise broken("recompute", f"recompute must be one of {', '.join(RECOMPUTES)}")
     if layout.offload_activation_layers is not None:
         k = layout.offload_activation_layers
-        if k < 1 or k > model.layers or layout.pp > 1 or layout.recompute != "none":
-            raise broken("offload-activations", f"offload_activation_layers={k} needs 1..{model.layers} layers, pp=1 "
-                         "and no recompute (Megatron-Core's CPU offloading supports neither)")
-    if layout.recompute_layers is not None and (layout.recompute != "full" or layout.recompute_layers < 1):
-        raise broken("recompute-layers", f"recompute_layers={layout.recompute_layers} needs recompute full and at "
-                     "least one layer")
+        if k < 1 or k >= model.layers or layout.pp > 1 or layout.recompute != "none":
+            raise broken("offload-activations", f"offload_activation_layers={k} needs 1..{model.layers - 1} layers "
+                         "(Megatron-Core keeps the last on the GPU), pp=1 and no recompute")
+    if layout.recompute_layers is not None:
+        chunk = layers_per_chunk(model.layers, layout)
+        if layout.recompute != "full" or not 1 <= layout.recompute_layers <= chunk:
+            raise broken("recompute-layers", f"recompute_layers={layout.recompute_layers} needs recompute full and "
+                         f"1..{chunk} (the layers of one pipeline chunk)")
     if layout.gpus != gpus:
         raise broken("product", f"tp*pp*cp*dp = {layout.gpus} but the cluster has {gpus} GPUs")
     if model.heads % layout.tp:

@@ -262,9 +262,11 @@ def stage_memory(
             continue
         terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout, precision == "fp8")
         saved = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute)
-        if layout.recompute == "full":  # the layer being recomputed holds its full activations
+        if layout.recompute == "full":
             whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
-            worst_layer = max(worst_layer, whole)
+            if recomputed >= 1.0:  # the layer being recomputed holds its full activations
+                worst_layer = max(worst_layer, whole)
+            # (block recompute re-materialises its first layers after backward has freed the stored ones)
             saved = recomputed * saved + (1 - recomputed) * whole
         if offloaded:
             worst_layer = max(worst_layer, saved)  # the layer whose copy to or from the host is in flight

@@ -11,7 +11,15 @@ from typing import Any
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import RECOMPUTES, Layout, Recompute, Sharding, max_virtual_stages, validate_layout
+from gpufleet.parallel.layout import (
+    RECOMPUTES,
+    Layout,
+    Recompute,
+    Sharding,
+    layers_per_chunk,
+    max_virtual_stages,
+    validate_layout,
+)
 from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.workload.job import Job
@@ -142,43 +150,58 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
 
-def _fewest_layers(job: Job, full: Candidate, without_bytes: float, cluster: Cluster,
-                   calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float,
-                   variant: Callable[[int], Layout], most: int) -> Candidate | None:
-    """`variant(k)` for the smallest k of a rank's layers that fits: memory falls about linearly in k from
-    `without_bytes` (no recompute) to about the full-recompute figure, so interpolate, then step up until the
-    memory model agrees. None when no k up to `most` fits."""
-    layers = math.ceil(job.model.layers / full.layout.pp)
+def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
+                   hbm_tolerance: float, variant: Callable[[int], Layout], most: int) -> Candidate | None:
+    """`variant(k)` for the smallest k in 1..most that fits. Memory falls as k grows (block recompute keeps only
+    the inputs of k more layers, offload moves k more layers to the host), so bisect on the memory model alone and
+    estimate the step once. None when even `most` does not fit."""
     cap = cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
-    saving = without_bytes - full.memory.total_bytes
-    if layers < 2 or saving <= 0:
+
+    def fits(count: int) -> bool:
+        layout = variant(count)
+        try:
+            validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
+        except LayoutError:
+            return False
+        _, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
+                                      precision=job.precision, assumptions=options.memory)
+        return memory.total_bytes <= cap
+
+    if most < 1 or not fits(most):
         return None
-    needed = max(1, math.ceil(layers * (without_bytes - cap) / saving))
-    for count in range(needed, min(most, needed + 3) + 1):
-        outcome = evaluate(job, variant(count), cluster, calibration, options, hbm_tolerance=hbm_tolerance)
-        if isinstance(outcome, Candidate):
-            return outcome
-    return None
+    low, high = 1, most  # high fits
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    outcome = evaluate(job, variant(high), cluster, calibration, options, hbm_tolerance=hbm_tolerance)
+    return outcome if isinstance(outcome, Candidate) else None
 
 
-def _partial_variants(job: Job, full: Candidate, without_bytes: float, cluster: Cluster,
-                      calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> list[Candidate]:
+def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: CalibrationProfile,
+                      options: StepOptions, hbm_tolerance: float) -> list[Candidate]:
     """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
-    fewest layers (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link is known, CPU
-    offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
-    layers = math.ceil(job.model.layers / full.layout.pp)
+    fewest layers per pipeline chunk (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link
+    is known, CPU offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
     found = []
-    block = _fewest_layers(job, full, without_bytes, cluster, calibration, options, hbm_tolerance,
-                           lambda k: full.layout.with_(recompute_layers=k), layers - 1)
+    chunk = layers_per_chunk(job.model.layers, full.layout)
+    block = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
+                           lambda k: full.layout.with_(recompute_layers=k), chunk - 1)
     if block is not None:
         found.append(block)
     if full.layout.pp == 1 and cluster.gpu.host_link_gbytes_per_s is not None:
-        plain = full.layout.with_(recompute="none", recompute_layers=None)
-        offload = _fewest_layers(job, full, without_bytes, cluster, calibration, options, hbm_tolerance,
-                                 lambda k: plain.with_(offload_activation_layers=k), layers)
+        plain = _without_recompute(full.layout)
+        offload = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
+                                 lambda k: plain.with_(offload_activation_layers=k), job.model.layers - 1)
         if offload is not None:
             found.append(offload)
     return found
+
+
+def _without_recompute(layout: Layout) -> Layout:
+    return layout.with_(recompute="none", recompute_layers=None)
 
 
 def _recompute_twin_key(layout: Layout) -> tuple[object, ...]:
@@ -191,31 +214,24 @@ def _recompute_twin_key(layout: Layout) -> tuple[object, ...]:
 CHEAPER_VARIANT_RANKS = 10
 
 
-def _recompute_bound_s(full: Candidate) -> float:
-    """A floor on any cheaper variant's step (block recompute, activation offload): the full-recompute step
-    without its recompute work (the recomputed forward and its share, 2 of 6 passes, of the TP and EP traffic)."""
-    parts = full.step.parts
-    saved = parts["compute.recompute"].exposed_s
-    saved += sum(parts[name].exposed_s for name in ("comm.tp", "comm.ep") if name in parts) / 3
-    return full.step.step_s - saved
-
-
-def _add_cheaper_variants(job: Job, feasible: list[Candidate], pairs: list[tuple[Candidate, float]],
-                         cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
-                         hbm_tolerance: float) -> int:
-    """Append the block-recompute and offload variants that could rank among the fastest plans; return how many
-    were added (the probes that did not fit are not counted as tried layouts)."""
+def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[Candidate], cluster: Cluster,
+                          calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> int:
+    """Append the block-recompute and offload variants of the `full_only` candidates (they fit only with every layer
+    recomputed) that could rank among the fastest plans; return how many were added. The floor on any variant's
+    step is its layout's step without recompute (a variant adds recompute or host copies to it)."""
+    floors = sorted((estimate_step(job, _without_recompute(full.layout), cluster, calibration, options).step_s, index)
+                    for index, full in enumerate(full_only))
     ranked = sorted(c.step.step_s for c in feasible)
-    tried = 0
-    for full, without in sorted(pairs, key=lambda pair: _recompute_bound_s(pair[0])):
+    added = 0
+    for floor_s, index in floors:
         threshold = ranked[CHEAPER_VARIANT_RANKS - 1] if len(ranked) >= CHEAPER_VARIANT_RANKS else math.inf
-        if _recompute_bound_s(full) >= threshold:
+        if floor_s >= threshold:
             break
-        for variant in _partial_variants(job, full, without, cluster, calibration, options, hbm_tolerance):
-            tried += 1
+        for variant in _cheaper_variants(job, full_only[index], cluster, calibration, options, hbm_tolerance):
+            added += 1
             feasible.append(variant)
             ranked = sorted([*ranked, variant.step.step_s])
-    return tried
+    return added
 
 
 def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space: SearchSpace | None = None,
@@ -224,37 +240,36 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
     """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
     options = options or StepOptions()
     space = space or SearchSpace()
-    if calibration.attention_kernel != "materialized" and options.memory.flash_attention:
+    useful = tuple(r for r in space.recomputes if r != "selective")
+    if calibration.attention_kernel != "materialized" and options.memory.flash_attention and useful:
         # Selective recompute re-runs the attention core to drop its score matrix; a fused kernel never stores one,
         # so the same memory costs more time: never a better plan.
-        space = replace(space, recomputes=tuple(r for r in space.recomputes if r != "selective"))
+        space = replace(space, recomputes=useful)
     hbm_tolerance = space.hbm_tolerance
     try_cheaper = space.partial_recompute and (fixed or {}).get("recompute") is None
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
     misses: list[tuple[Layout, float]] = []
-    unfit_without_recompute: dict[tuple[object, ...], float] = {}  # bytes each no-recompute layout needs
-    full_only_pairs: list[tuple[Candidate, float]] = []  # full-recompute candidates whose no-recompute twin did not fit
+    unfit_without_recompute: set[tuple[object, ...]] = set()  # no-recompute layouts that did not fit
+    full_only: list[Candidate] = []  # full-recompute candidates whose no-recompute twin did not fit
     tried = 0
     for layout in enumerate_layouts(job, cluster, space, fixed):
         tried += 1
         outcome = evaluate(job, layout, cluster, calibration, options, hbm_tolerance=hbm_tolerance)
         if isinstance(outcome, Candidate):
             feasible.append(outcome)
-            if try_cheaper and layout.recompute == "full":
-                without = unfit_without_recompute.get(_recompute_twin_key(layout))
-                if without is not None:
-                    full_only_pairs.append((outcome, without))
+            if try_cheaper and layout.recompute == "full" and _recompute_twin_key(layout) in unfit_without_recompute:
+                full_only.append(outcome)
         else:
             reason, over = outcome
             reasons[reason] += 1
             if reason == "memory":
                 misses.append((layout, over))
                 if try_cheaper and layout.recompute == "none":
-                    unfit_without_recompute[_recompute_twin_key(layout)] = over + cluster.gpu.hbm_bytes
+                    unfit_without_recompute.add(_recompute_twin_key(layout))
         if progress is not None and tried % 256 == 0:
             progress(tried)
-    tried += _add_cheaper_variants(job, feasible, full_only_pairs, cluster, calibration, options, hbm_tolerance)
+    tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, hbm_tolerance)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])
