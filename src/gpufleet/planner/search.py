@@ -218,16 +218,22 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[C
                           calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> int:
     """Append the block-recompute and offload variants of the `full_only` candidates (they fit only with every layer
     recomputed) that could rank among the fastest plans; return how many were added. The floor on any variant's
-    step is its layout's step without recompute (a variant adds recompute or host copies to it)."""
-    floors = sorted((estimate_step(job, _without_recompute(full.layout), cluster, calibration, options).step_s, index)
-                    for index, full in enumerate(full_only))
+    step is its layout's step without recompute (a variant adds recompute or host copies to it), and a floor on
+    that is its compute without the recomputed forward (a step is never shorter than its average stage's compute),
+    which orders the candidates and stops the pass without estimating most of them."""
+    compute_parts = ("compute.gemm", "compute.attention", "compute.elementwise", "compute.logits+loss")
+    order = sorted((sum(full.step.parts[name].exposed_s for name in compute_parts), index)
+                   for index, full in enumerate(full_only))
     ranked = sorted(c.step.step_s for c in feasible)
     added = 0
-    for floor_s, index in floors:
+    for compute_floor_s, index in order:
         threshold = ranked[CHEAPER_VARIANT_RANKS - 1] if len(ranked) >= CHEAPER_VARIANT_RANKS else math.inf
-        if floor_s >= threshold:
+        if compute_floor_s >= threshold:
             break
-        for variant in _cheaper_variants(job, full_only[index], cluster, calibration, options, hbm_tolerance):
+        full = full_only[index]
+        if estimate_step(job, _without_recompute(full.layout), cluster, calibration, options).step_s >= threshold:
+            continue
+        for variant in _cheaper_variants(job, full, cluster, calibration, options, hbm_tolerance):
             added += 1
             feasible.append(variant)
             ranked = sorted([*ranked, variant.step.step_s])
