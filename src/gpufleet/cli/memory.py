@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
         ),
         recompute: str = typer.Option("none", "--recompute", help=f"One of {', '.join(RECOMPUTES)}."),
         recompute_layers: int | None = typer.Option(
-            None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many of each "
-            "pipeline rank's layers (Megatron's block method) [default: all]."
+            None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many layers of each "
+            "pipeline chunk (virtual stage; Megatron's block method) [default: all]."
         ),
         offload_activations: int | None = typer.Option(
             None, "--offload-activations", min=1, help="Keep this many layers' activations in CPU memory "
