@@ -289,14 +289,14 @@ def expected_destination_nodes(experts: int, top_k: int, nodes: int) -> float:
     return nodes * (1.0 - miss)
 
 
-def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions) -> float:
-    """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and (full
-    recompute) the forward again."""
+def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions, recomputed: float) -> float:
+    """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and, for the
+    `recomputed` share of layers, the forward again."""
     if model.moe is None:
         return 0.0
     local_experts = model.moe.experts / layout.ep
     forward = MOE_FIXED_KERNELS_FWD + MOE_KERNELS_PER_LOCAL_EXPERT_FWD * local_experts
-    passes = 1.0 + BACKWARD_KERNEL_RATIO + recomputed_fraction(layout, math.ceil(model.layers / layout.pp))
+    passes = 1.0 + BACKWARD_KERNEL_RATIO + recomputed
     return forward * passes * options.host_s_per_kernel
 
 
@@ -385,7 +385,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                 + (0.0 if options.tp_comm_overlap else tp_s)
                 + cp_per_layer_s + (ep_per_layer_s if moe else 0.0))
 
-    moe_host_s = _moe_host_s(model, layout, options)
+    moe_host_s = _moe_host_s(model, layout, options, recomputed)
     moe_device_s = device_layer_time(moe_layer, True) if moe_layer else 0.0
     # Dropless routing sizes the all-to-all and the grouped GEMMs from token counts copied to the host, so the
     # host cannot run ahead: it launches the layer's kernels while the GPU waits (serial). Token-drop routing has

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -204,12 +205,6 @@ def _without_recompute(layout: Layout) -> Layout:
     return layout.with_(recompute="none", recompute_layers=None)
 
 
-def _recompute_twin_key(layout: Layout) -> tuple[object, ...]:
-    """Everything but the recompute choice: a layout and its no-recompute twin share it."""
-    return (layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.vpp, layout.sequence_parallel,
-            layout.sharding, layout.micro_batch, layout.expert_tp, layout.offload_optimizer)
-
-
 #: Block-recompute and offload variants are only built where they could rank among this many of the fastest plans.
 CHEAPER_VARIANT_RANKS = 10
 
@@ -236,7 +231,7 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[C
         for variant in _cheaper_variants(job, full, cluster, calibration, options, hbm_tolerance):
             added += 1
             feasible.append(variant)
-            ranked = sorted([*ranked, variant.step.step_s])
+            insort(ranked, variant.step.step_s)
     return added
 
 
@@ -256,7 +251,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
     misses: list[tuple[Layout, float]] = []
-    unfit_without_recompute: set[tuple[object, ...]] = set()  # no-recompute layouts that did not fit
+    unfit_without_recompute: set[Layout] = set()  # no-recompute layouts that did not fit
     full_only: list[Candidate] = []  # full-recompute candidates whose no-recompute twin did not fit
     tried = 0
     for layout in enumerate_layouts(job, cluster, space, fixed):
@@ -264,7 +259,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         outcome = evaluate(job, layout, cluster, calibration, options, hbm_tolerance=hbm_tolerance)
         if isinstance(outcome, Candidate):
             feasible.append(outcome)
-            if try_cheaper and layout.recompute == "full" and _recompute_twin_key(layout) in unfit_without_recompute:
+            if try_cheaper and layout.recompute == "full" and _without_recompute(layout) in unfit_without_recompute:
                 full_only.append(outcome)
         else:
             reason, over = outcome
@@ -272,7 +267,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
             if reason == "memory":
                 misses.append((layout, over))
                 if try_cheaper and layout.recompute == "none":
-                    unfit_without_recompute.add(_recompute_twin_key(layout))
+                    unfit_without_recompute.add(layout)
         if progress is not None and tried % 256 == 0:
             progress(tried)
     tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, hbm_tolerance)
