@@ -95,6 +95,14 @@ def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--recompute", "some"), "recompute"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--precision", "fp32"), "precision"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "3"), "batch"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--recompute-layers", "4"), "recompute full"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--recompute", "full", "--recompute-layers",
+          "33"), "1..32"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--pp", "2", "--offload-activations", "4"),
+         "pp=1"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--offload-activations", "32"), "1..31"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "2", "--expert-tp", "1"),
+         "mixture-of-experts"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], needle: str) -> None:
