@@ -77,6 +77,22 @@ def test_cudnn_fused_attention_by_hand() -> None:
     assert fallback.attention_fwd_s == fa2.attention_fwd_s
 
 
+def test_fp8_casts_every_routed_copy_of_a_moe_layer_input_by_hand() -> None:
+    # Transformer Engine casts each FP8 GEMM input bf16 -> fp8 (read 2 B, write 1 B: 1.5 bf16-element
+    # equivalents per element). Qwen3-30B-A3B, tp 1, ep 8, one sequence of 4096: per token the casts cover
+    # QKV's input (h = 2048), out-proj's (q width 32 x 128 = 4096), the experts' up-projection input once per
+    # routed copy (top-8 x 2048 = 16384) and their down-projection input (8 x 768 = 6144): 28672 elements,
+    # 4096 x 28672 x 1.5 x 2 B over 3.35 TB/s x 0.8.
+    from gpufleet.perf.compute import layer_compute
+
+    qwen = CATALOG.model("qwen3-30b-a3b")
+    layout = Layout(ep=8, dp=8, micro_batch=1)
+    fp8 = layer_compute(qwen, layout, H100, CAL, seq_len=4096, precision="fp8", moe_layer=True)
+    bf16 = layer_compute(qwen, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=True)
+    cast_s = 4096 * (2048 + 4096 + 8 * 2048 + 8 * 768) * 1.5 * 2 / (3.35e12 * 0.8)
+    assert math.isclose(fp8.elementwise_fwd_s - bf16.elementwise_fwd_s, cast_s, rel_tol=1e-9)
+
+
 def test_1f1b_bubble_and_interleaving() -> None:
     # pp=4 inside one node (p2p over NVLink is negligible); the bubble is (pp-1)/vpp mean stage times,
     # so its share of the pipeline is (pp-1)/(m+pp-1) for uniform stages. A tiny vocabulary keeps the
