@@ -93,6 +93,34 @@ def test_fp8_casts_every_routed_copy_of_a_moe_layer_input_by_hand() -> None:
     assert math.isclose(fp8.elementwise_fwd_s - bf16.elementwise_fwd_s, cast_s, rel_tol=1e-9)
 
 
+def test_torchtitan_op_level_selective_recompute_by_hand() -> None:
+    # torchtitan's op-level selective checkpointing saves every matmul output except every second one, in call
+    # order q, k, v, out, up (w1), gate (w3), down (w2), so the backward re-runs k, out and gate, plus every
+    # element-wise op; the attention kernel's output is saved. Megatron's selective re-runs only the attention
+    # core. Llama 3 8B (GQA: k is 8 x 128 = 1024 wide, ffn 14336), tp 1, one sequence of 8192.
+    from gpufleet.perf.compute import layer_compute
+
+    layer = layer_compute(LLAMA8, Layout(micro_batch=1), H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
+    peak = 989.4e12
+    alternate_s = (gemm_time_s(8192, 1024, 4096, peak, CAL, "bf16") + gemm_time_s(8192, 4096, 4096, peak, CAL, "bf16")
+                   + gemm_time_s(8192, 14336, 4096, peak, CAL, "bf16"))
+    assert math.isclose(layer.recompute_s("selective", "op"), alternate_s + layer.elementwise_fwd_s, rel_tol=1e-9)
+    assert layer.recompute_s("selective") == layer.attention_fwd_s
+    # 2·8192·4096·(1024 + 4096 + 14336) FLOPs: 36.5 % of the layer's projection and MLP FLOPs
+    assert math.isclose(layer.recompute_flops("selective", "op"), 2 * 8192 * 4096 * 19456, rel_tol=1e-9)
+    assert math.isclose(layer.recompute_flops("selective", "op") / layer.gemm_flops_fwd, 19456 / 53248, rel_tol=1e-9)
+    # through the step: the recompute part grows by (op - attention) per layer and micro-batch
+    job = Job(LLAMA8, tokens=1e12, seq_len=8192, global_batch=16)
+    layout = Layout(dp=8, micro_batch=2, sharding="fsdp", recompute="selective")
+    megatron = estimate_step(job, layout, cluster(8), CAL)
+    titan = estimate_step(job, layout, cluster(8), CAL, StepOptions(selective_policy="op"))
+    wide = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
+    extra_s = 32 * (wide.recompute_s("selective", "op") - wide.recompute_s("selective"))
+    assert math.isclose(titan.parts["compute.recompute"].exposed_s - megatron.parts["compute.recompute"].exposed_s,
+                        extra_s, rel_tol=1e-9)
+    assert titan.hardware_flops_per_step_per_gpu > megatron.hardware_flops_per_step_per_gpu
+
+
 def test_1f1b_bubble_and_interleaving() -> None:
     # pp=4 inside one node (p2p over NVLink is negligible); the bubble is (pp-1)/vpp mean stage times,
     # so its share of the pipeline is (pp-1)/(m+pp-1) for uniform stages. A tiny vocabulary keeps the

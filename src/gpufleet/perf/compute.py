@@ -11,12 +11,19 @@ Three kinds of kernel, each against its own bound:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
 from gpufleet.workload.params import attention_params
+
+#: What selective recompute re-runs: "attention" = the attention core (Megatron-LM's --recompute-granularity
+#: selective); "op" = torchtitan's op-level policy, which saves every matmul output except every second one
+#: and the attention kernel's, and recomputes the rest (torchtitan parallelize_llama.py, Dec 2024: "Saves
+#: output of all compute ops, except every second mm").
+SelectivePolicy = Literal["attention", "op"]
 
 #: bf16 activations
 ACTIVATION_BYTES = 2
@@ -59,6 +66,10 @@ class LayerCompute:
     elementwise_fwd_s: float
     gemm_flops_fwd: float
     attention_flops_fwd: float
+    #: forward seconds / FLOPs of every second matmul in call order (q, k, v, out; up, gate, down): what
+    #: torchtitan's op-level selective checkpointing recomputes
+    alternate_matmul_fwd_s: float = 0.0
+    alternate_matmul_flops_fwd: float = 0.0
 
     @property
     def forward_s(self) -> float:
@@ -69,12 +80,23 @@ class LayerCompute:
         return (2 * self.gemm_fwd_s + self.attention_bwd_s
                 + BACKWARD_ELEMENTWISE_RATIO * self.elementwise_fwd_s)
 
-    def recompute_s(self, recompute: str) -> float:
-        """Extra forward work in the backward pass: full = whole layer, selective = attention core."""
+    def recompute_s(self, recompute: str, selective_policy: SelectivePolicy = "attention") -> float:
+        """Extra forward work in the backward pass: full = whole layer; selective = the attention core
+        (Megatron) or, under the "op" policy, every second matmul and all element-wise ops (torchtitan)."""
         if recompute == "full":
             return self.forward_s
         if recompute == "selective":
+            if selective_policy == "op":
+                return self.alternate_matmul_fwd_s + self.elementwise_fwd_s
             return self.attention_fwd_s
+        return 0.0
+
+    def recompute_flops(self, recompute: str, selective_policy: SelectivePolicy = "attention") -> float:
+        """Tensor-core FLOPs of `recompute_s` (element-wise work does none)."""
+        if recompute == "full":
+            return self.flops_fwd
+        if recompute == "selective":
+            return self.alternate_matmul_flops_fwd if selective_policy == "op" else self.attention_flops_fwd
         return 0.0
 
     @property
@@ -118,12 +140,18 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         gemm_s = gemm_time_s(tokens, (q_width + kv_width) / tp, h, gemm_peak, calibration, precision)
         gemm_s += gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
         gemm_flops = 2 * tokens * h * (2 * q_width + kv_width) / tp
+        # every second matmul of q, k, v, out: k and out
+        alternate_s = (gemm_time_s(tokens, kv_width / 2 / tp, h, gemm_peak, calibration, precision)
+                       + gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision))
+        alternate_flops = 2 * tokens * h * (kv_width / 2 + q_width) / tp
     else:
         gemm_s = gemm_time_s(tokens, attn_params / (h * tp), h, gemm_peak, calibration, precision)
         gemm_flops = 2 * tokens * attn_params / tp
+        alternate_s, alternate_flops = gemm_s / 2, gemm_flops / 2  # MLA's projections: half (judgement)
 
     # MLP: dense, or routed + shared experts (balanced routing: each GPU processes tokens × top_k).
     up_matrices = 2 if model.gated_mlp else 1
+    attention_gemm_s, attention_gemm_flops = gemm_s, gemm_flops
     if moe_layer and model.moe is not None:
         moe = model.moe
         f = moe.expert_ffn_hidden
@@ -145,12 +173,20 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         gemm_s += router_flops / (attn_peak * calibration.gemm_fraction_16bit * 0.5)
         gemm_flops += router_flops
         ffn_width = moe.top_k * f + moe.shared_experts * f
+        # The experts' and router's matmuls alternate too; which land on the even counts depends on the
+        # implementation: half of their time (judgement).
+        alternate_s += (gemm_s - attention_gemm_s) / 2
+        alternate_flops += (gemm_flops - attention_gemm_flops) / 2
     else:
         f = model.ffn_hidden or 0
         gemm_s += gemm_time_s(tokens, up_matrices * f / tp, h, gemm_peak, calibration, precision)
         gemm_s += gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision)
         gemm_flops += 2 * tokens * (up_matrices + 1) * h * f / tp
         ffn_width = f
+        # counting on from out-proj (4th): gated up (5), gate (6), down (7) -> gate; plain up (5), down (6) -> down
+        alternate_s += (gemm_time_s(tokens, f / tp, h, gemm_peak, calibration, precision) if model.gated_mlp
+                        else gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision))
+        alternate_flops += 2 * tokens * h * f / tp
 
     attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
     if calibration.attention_kernel != "materialized":
@@ -174,7 +210,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
     if precision in ("fp8", "fp4"):
         q_width = model.heads * model.head_dim_
-        mlp_up_inputs = h  # per token; routed experts take each of a token's top_k copies (plus shared experts' one)
+        # per token; routed experts take each of a token's top_k copies (plus the shared experts' one)
+        mlp_up_inputs: float = h
         if moe_layer and model.moe is not None:
             mlp_up_inputs = (expert_routed_tokens(layout, tokens) / tokens * model.moe.top_k
                              + (1 if model.moe.shared_experts else 0)) * h
@@ -189,6 +226,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         elementwise_fwd_s=elementwise_s,
         gemm_flops_fwd=gemm_flops,
         attention_flops_fwd=attention_flops,
+        alternate_matmul_fwd_s=alternate_s,
+        alternate_matmul_flops_fwd=alternate_flops,
     )
 
 

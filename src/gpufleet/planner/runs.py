@@ -21,6 +21,7 @@ from gpufleet.errors import CatalogError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, Sharding
 from gpufleet.parallel.memory import GradDtype
+from gpufleet.perf.compute import SelectivePolicy
 from gpufleet.perf.step import StepOptions
 from gpufleet.workload.job import Job
 
@@ -221,6 +222,7 @@ class StackRecipe:
     ep_comm_overlap: bool | None = None
     ep_dispatch: Literal["all-to-all", "node-dedup"] | None = None
     fp32_params: bool | None = None  # PyTorch FSDP2: the sharded fp32 parameter is the optimizer's master
+    selective_policy: SelectivePolicy | None = None
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -248,9 +250,12 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", fp32_params=True, reason=(
         "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
         "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy"))),
-    ("torchtitan", StackRecipe(fp32_params=True, reason=(
+    ("torchtitan", StackRecipe(fp32_params=True, selective_policy="op", reason=(
         "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
-        "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered"))),
+        "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
+        "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
+        "selective_ac_option = 'op'), saving every matmul output except every second one "
+        "(parallelize_llama.py, Dec 2024)"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
@@ -307,7 +312,8 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
     recipe = stack_recipe(run)
     if recipe is None:
         return options
-    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch")
+    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch",
+                   "selective_policy")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
     memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params")
                               if getattr(recipe, name) is not None}
