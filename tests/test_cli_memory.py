@@ -36,6 +36,17 @@ def test_json_shape_and_fit() -> None:
     assert 0.8 * 2 * 8.03e9 / 4 < weights < 1.3 * 2 * 8.03e9 / 4
 
 
+def test_torchtitan_selective_policy_keeps_less() -> None:
+    # Llama 3 8B, FSDP 8, 2 x 8192 tokens: torchtitan's op-level policy keeps 63,616 bytes per token and layer where
+    # Megatron's selective (flash attention: nothing dropped) keeps 139,392; the layer being recomputed holds the
+    # difference once: (139,392 - 63,616) x 16,384 x (32 - 1) fewer bytes of activations.
+    args = (*BASE, "--gpus", "8", "--seq", "8192", "--micro-batch", "2", "--global-batch", "16", "--sharding", "fsdp",
+            "--recompute", "selective", "--json")
+    megatron = json.loads(gpufleet(*args).stdout)["stages"][0]["bytes"]["activations"]
+    titan = json.loads(gpufleet(*args, "--selective-policy", "op").stdout)["stages"][0]["bytes"]["activations"]
+    assert megatron - titan == pytest.approx((139392 - 63616) * 16384 * 31)
+
+
 def test_does_not_fit_exits_1_and_says_why() -> None:
     result = gpufleet(*BASE, "--gpus", "1", "--seq", "8192", "--json")
     assert result.returncode == 1
@@ -103,6 +114,7 @@ def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--offload-activations", "32"), "1..31"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "2", "--expert-tp", "1"),
          "mixture-of-experts"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "most"), "selective"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], needle: str) -> None:

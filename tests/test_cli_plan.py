@@ -64,6 +64,7 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "--precision", "fp64"],
     ["plan", "--topology", "torus"],
     ["plan", "--ep-dispatch", "ring"],
+    ["plan", "--selective-policy", "some"],
     ["plan", "--explain", "99", "--top", "3"],
     ["validate", "--runs", "/nonexistent.yaml"],
 ])

@@ -296,15 +296,33 @@ def test_logits_on_last_stage_only_and_gqa_smaller() -> None:
     assert activation_bytes_per_layer(mha, layout, seq_len=4096, micro_batch=1) > per_layer
 
 
+def test_torchtitan_op_level_selective_checkpointing_keeps_what_its_policy_saves() -> None:
+    # torchtitan's op-level policy keeps the block input, every matmul output except every second one (of q, k, v,
+    # out, w1, w3, w2: q, v, w1, w2) and the attention kernel's output and fp32 log-sum-exp. Llama 3 8B per token:
+    # 2 B x (4096 + 4096 + 1024 + 4096 + 14336 + 4096) + 4 B x 32 heads = 63,616 bytes; 16,384 tokens per micro-batch.
+    layout = Layout(dp=8, sharding="fsdp", recompute="selective", micro_batch=2)
+    op = activation_bytes_per_layer(LLAMA8B, layout, seq_len=8192, micro_batch=2, selective_policy="op")
+    assert op == 16384 * (2 * (4096 + 4096 + 1024 + 4096 + 14336 + 4096) + 4 * 32)
+    # Megatron's selective keeps everything but the attention core: with flash attention, all of it
+    megatron = activation_bytes_per_layer(LLAMA8B, layout, seq_len=8192, micro_batch=2)
+    assert megatron == activation_bytes_per_layer(LLAMA8B, layout, seq_len=8192, micro_batch=2, recompute="none")
+    assert op < megatron / 2
+
+
 # ------------------------------------------------------------- torchtitan measured peak memory (calibration)
 
-TORCHTITAN = MemoryAssumptions(logits_bytes_per_element=12.0)  # eager cross_entropy(logits.float())
+#: torchtitan as it ran: eager cross_entropy(logits.float()) (12-byte logits), FSDP2's fp32 parameters as the master,
+#: op-level selective checkpointing (train_configs/llama3_8b.toml: selective_ac_option = 'op')
+TORCHTITAN = MemoryAssumptions(logits_bytes_per_element=12.0, fp32_params=True, selective_policy="op")
 
 
 @pytest.mark.parametrize(
     ("model", "layout", "seq", "global_batch", "measured_gib", "bound"),
     [
-        # benchmarks/llama3_h100_202412_torchtitan.md, Table 2 (full AC, FSDP 8 / CP) and Table 4 (70B 2D)
+        # benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (selective op-level AC, eager, FSDP 8 / 128),
+        # Table 2 (full AC, FSDP 8 / CP) and Table 4 (70B 2D)
+        (LLAMA8B, Layout(dp=8, sharding="fsdp", recompute="selective", micro_batch=2), 8192, 16, 82.4, 0.10),
+        (LLAMA8B, Layout(dp=128, sharding="fsdp", recompute="selective", micro_batch=2), 8192, 256, 67.0, 0.10),
         (LLAMA8B, Layout(dp=8, sharding="fsdp", recompute="full"), 32768, 8, 83.9, 0.10),
         (LLAMA8B, Layout(dp=1, cp=8, sharding="fsdp", recompute="full"), 262144, 1, 84.5, 0.10),
         (

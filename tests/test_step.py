@@ -14,6 +14,7 @@ from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.parallel.layout import Layout, validate_layout
+from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.compute import gemm_time_s
 from gpufleet.perf.step import StepOptions, estimate_step, expected_destination_nodes
 from gpufleet.workload.job import Job
@@ -113,7 +114,7 @@ def test_torchtitan_op_level_selective_recompute_by_hand() -> None:
     job = Job(LLAMA8, tokens=1e12, seq_len=8192, global_batch=16)
     layout = Layout(dp=8, micro_batch=2, sharding="fsdp", recompute="selective")
     megatron = estimate_step(job, layout, cluster(8), CAL)
-    titan = estimate_step(job, layout, cluster(8), CAL, StepOptions(selective_policy="op"))
+    titan = estimate_step(job, layout, cluster(8), CAL, StepOptions(memory=MemoryAssumptions(selective_policy="op")))
     wide = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
     extra_s = 32 * (wide.recompute_s("selective", "op") - wide.recompute_s("selective"))
     assert math.isclose(titan.parts["compute.recompute"].exposed_s - megatron.parts["compute.recompute"].exposed_s,

@@ -371,5 +371,5 @@ def test_automodel_holdout() -> None:
     assert deepseek.ep_dispatch == "node-dedup" and deepseek.memory.fp32_params
     torchtitan = next(run for run in load_runs() if run.id.startswith("torchtitan"))
     assert run_step_options(torchtitan).memory.fp32_params  # FSDP2 keeps fp32 parameters as the master
-    assert run_step_options(torchtitan).selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
-    assert deepseek.selective_policy == "attention"  # Megatron-style unless a recipe says otherwise
+    assert run_step_options(torchtitan).memory.selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
+    assert deepseek.memory.selective_policy == "attention"  # Megatron-style unless a recipe says otherwise

@@ -12,8 +12,17 @@ from rich.table import Table
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InputError
-from gpufleet.parallel.layout import RECOMPUTES, SHARDINGS, Layout, Recompute, Sharding, validate_layout
-from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
+from gpufleet.parallel.layout import (
+    RECOMPUTES,
+    SELECTIVE_POLICIES,
+    SHARDINGS,
+    Layout,
+    Recompute,
+    SelectivePolicy,
+    Sharding,
+    validate_layout,
+)
+from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryAssumptions, MemoryBreakdown, memory_per_stage
 
 GIB = 2**30
 _KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
@@ -68,6 +77,11 @@ def register(app: typer.Typer) -> None:
             help="Sequences per optimizer step [default: dp·micro-batch·pp, enough to fill the pipeline].",
         ),
         recompute: str = typer.Option("none", "--recompute", help=f"One of {', '.join(RECOMPUTES)}."),
+        selective_policy: str = typer.Option(
+            "attention", "--selective-policy", help="What --recompute selective keeps: attention (Megatron: "
+            "everything but the attention core) or op (torchtitan's op-level checkpointing: the block input, the "
+            "attention output and every second matmul output)."
+        ),
         recompute_layers: int | None = typer.Option(
             None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many layers of each "
             "pipeline chunk (virtual stage; Megatron's block method) [default: all]."
@@ -100,6 +114,7 @@ def register(app: typer.Typer) -> None:
         spec = cat.model(model)
         gpu_spec = cat.gpu(gpu)
         _choice(recompute, RECOMPUTES, "recompute")
+        _choice(selective_policy, SELECTIVE_POLICIES, "selective policy")
         _choice(sharding, SHARDINGS, "sharding")
         _choice(precision, TRAINING_PRECISIONS, "precision")
         if dp is None:
@@ -127,7 +142,9 @@ def register(app: typer.Typer) -> None:
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
-        stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision)
+        assumptions = MemoryAssumptions(selective_policy=cast(SelectivePolicy, selective_policy))
+        stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
+                                  assumptions=assumptions)
         data = _report(stages, gpu_spec.hbm_bytes)
         out = Output(json)
 

@@ -16,8 +16,8 @@ from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
-from gpufleet.parallel.layout import expert_parallel_degrees
-from gpufleet.parallel.memory import TRAINING_PRECISIONS
+from gpufleet.parallel.layout import SELECTIVE_POLICIES, SelectivePolicy, expert_parallel_degrees
+from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryAssumptions
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
 from gpufleet.report.html import plan_report_html
@@ -179,6 +179,9 @@ def register(app: typer.Typer) -> None:
         ep_dispatch: str = typer.Option("all-to-all", "--ep-dispatch", help="all-to-all (one copy per routed "
                                         "expert) or node-dedup (a token crosses the network once per destination "
                                         "node: DeepEP, HybridEP)."),
+        selective_policy: str = typer.Option("attention", "--selective-policy", help="What selective recompute "
+                                             "keeps: attention (Megatron: all but the attention core) or op "
+                                             "(torchtitan's op-level checkpointing: every second matmul output)."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -204,6 +207,9 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
         if ep_dispatch not in ("all-to-all", "node-dedup"):
             raise InputError(f"--ep-dispatch must be all-to-all or node-dedup, got {ep_dispatch!r}")
+        if selective_policy not in SELECTIVE_POLICIES:
+            raise InputError(f"--selective-policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
+                             f"got {selective_policy!r}")
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
         if top < 1:
@@ -219,7 +225,9 @@ def register(app: typer.Typer) -> None:
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
                            options=StepOptions(tp_comm_overlap=overlap_tp, ep_comm_overlap=overlap_ep,
-                                               ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch)))
+                                               ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch),
+                                               memory=MemoryAssumptions(
+                                                   selective_policy=cast(SelectivePolicy, selective_policy))))
         if len(counts) == 1 and deadline_s is None:
             result = _plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.records import ModelSpec
-from gpufleet.parallel.layout import Layout, Recompute, expert_routed_tokens
+from gpufleet.parallel.layout import Layout, Recompute, SelectivePolicy, expert_routed_tokens
 
 #: bytes per element of a saved activation (bf16/fp16)
 ACT_BYTES = 2.0
@@ -67,6 +67,9 @@ class LayerActivationTerms:
     routed: float  # per token this rank routes to the experts (the dispatched copies; see expert_routed_tokens)
     score: float  # eager-attention score bytes per head·query·key (0 with flash attention)
     heads_per_gpu: float  # attention heads on one TP rank (for the score term)
+    #: torchtitan's op-level selective checkpointing keeps only these (sequence / per-GPU TP bytes per token)
+    op_seq: float = 0.0
+    op_tp: float = 0.0
 
 
 def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: bool,
@@ -133,8 +136,35 @@ def layer_terms(
     else:
         tp_bytes += _mlp_tp_bytes(model, model.ffn_hidden or 0, gemm_input) / tp
     score = 0.0 if flash_attention else (2.0 + (3.0 if dropout else 0.0))
+    op_seq, op_tp = _op_level_terms(model, tp, is_moe, tp_bytes)
     return LayerActivationTerms(seq=seq, tp=tp_bytes, routed=routed, score=score,
-                                heads_per_gpu=model.heads / tp)
+                                heads_per_gpu=model.heads / tp, op_seq=op_seq, op_tp=op_tp)
+
+
+def _op_level_terms(model: ModelSpec, tp: int, is_moe: bool, full_tp_bytes: float) -> tuple[float, float]:
+    """(sequence, per-GPU TP) bytes per token that torchtitan's op-level selective checkpointing keeps: the
+    block input, the attention kernel's output and log-sum-exp, every matmul output except every second one
+    in call order q, k, v, out, up, gate, down (so q, v, up and down), and under TP the reduce-scatter
+    outputs. The down projection's output is a full-width partial sum on every TP rank. MLA's projections
+    and a MoE layer's MLP keep half their no-recompute bytes (which matmuls fall on even counts depends on
+    the implementation: judgement)."""
+    h = model.hidden
+    seq = ACT_BYTES * h * (1 + (2 if tp > 1 else 0))  # block input; the two reduce-scatter outputs
+    attention_out = ACT_BYTES * model.heads * model.head_dim_ / tp + FP32_BYTES * model.heads / tp
+    if model.mla is not None:
+        attention = attention_out + ACT_BYTES * model.heads * (model.mla.qk_nope_head_dim
+                                                               + model.mla.qk_rope_head_dim) / tp
+    else:
+        q = ACT_BYTES * model.heads * model.head_dim_ / tp
+        v = ACT_BYTES * model.head_dim_ * model.kv_heads / min(tp, model.kv_heads)
+        attention = q + v + attention_out
+    if is_moe:
+        mlp_no_recompute = full_tp_bytes - _attention_terms(model, tp, True, False, ACT_BYTES)[1]
+        return seq, attention + mlp_no_recompute / 2
+    f = model.ffn_hidden or 0
+    up = ACT_BYTES * f / tp  # the first MLP matmul (up, the 5th) is kept
+    down = ACT_BYTES * h if model.gated_mlp else 0.0  # gated: down is the 7th, kept; plain: the 6th, recomputed
+    return seq, attention + up + down
 
 
 def layer_bytes(
@@ -145,6 +175,7 @@ def layer_bytes(
     seq_len: int,
     micro_batch: int,
     recompute: Recompute,
+    selective_policy: SelectivePolicy = "attention",
 ) -> float:
     """Bytes one GPU keeps for one layer and one micro-batch, given precomputed terms."""
     tokens = seq_len * micro_batch / layout.cp
@@ -152,6 +183,9 @@ def layer_bytes(
     seq_split = layout.tp if sp else 1
     if recompute == "full":
         return ACT_BYTES * model.hidden * tokens / seq_split  # the checkpointed layer input
+    if recompute == "selective" and selective_policy == "op":
+        routed_half = expert_routed_tokens(layout, tokens) * terms.routed / 2  # the MoE judgement above
+        return tokens * (terms.op_seq / seq_split + terms.op_tp) + routed_half
     total = tokens * (terms.seq / seq_split + terms.tp) + expert_routed_tokens(layout, tokens) * terms.routed
     if recompute == "none" and terms.score:
         # eager attention: heads/t × (s/cp queries) × s keys × b per GPU
@@ -170,6 +204,7 @@ def activation_bytes_per_layer(
     dropout: bool = False,
     recompute: Recompute | None = None,
     fp8: bool = False,
+    selective_policy: SelectivePolicy = "attention",
 ) -> float:
     """Activation bytes one GPU saves for one layer and one micro-batch (Korthikanti et al. 2022, Table 2).
 
@@ -187,6 +222,7 @@ def activation_bytes_per_layer(
         seq_len=seq_len,
         micro_batch=micro_batch,
         recompute=layout.recompute if recompute is None else recompute,
+        selective_policy=selective_policy,
     )
 
 

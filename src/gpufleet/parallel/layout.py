@@ -12,6 +12,12 @@ from gpufleet.errors import LayoutError
 
 Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"]
 Recompute = Literal["none", "selective", "full"]
+#: What selective recompute re-runs: "attention" = the attention core (Megatron-LM's --recompute-granularity
+#: selective); "op" = torchtitan's op-level policy, which saves every matmul output except every second one
+#: and the attention kernel's, and recomputes the rest (torchtitan parallelize_llama.py, Dec 2024: "Saves
+#: output of all compute ops, except every second mm").
+SelectivePolicy = Literal["attention", "op"]
+SELECTIVE_POLICIES: tuple[SelectivePolicy, ...] = ("attention", "op")
 SHARDINGS: tuple[Sharding, ...] = ("none", "zero1", "zero2", "zero3", "fsdp", "hsdp")
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
 #: Megatron's rank order, fastest-varying first.

@@ -46,6 +46,7 @@ from gpufleet.parallel.activations import (
 )
 from gpufleet.parallel.layout import (
     Layout,
+    SelectivePolicy,
     expert_parallel_degrees,
     expert_routed_tokens,
     micro_batches_per_step,
@@ -74,6 +75,9 @@ class MemoryAssumptions:
     #: PyTorch FSDP2 (torchtitan, NeMo AutoModel): the sharded fp32 parameter *is* the master copy and the bf16
     #: weights exist only while a layer is gathered, so a parameter costs 4 + grads + 8 (Adam m, v) at rest
     fp32_params: bool = False
+    #: what selective recompute keeps: Megatron's everything-but-the-attention-core, or torchtitan's op-level
+    #: policy (SelectivePolicy); the step model re-runs what this leaves out
+    selective_policy: SelectivePolicy = "attention"
     flash_attention: bool = True
     dropout: bool = False
     logits_bytes_per_element: float = LOGITS_BYTES_PER_ELEMENT  # 6 fused (Megatron); ~12 unfused fp32 upcast
@@ -261,7 +265,12 @@ def stage_memory(
         if not count:
             continue
         terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout, precision == "fp8")
-        saved = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute)
+        saved = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute,
+                            selective_policy=a.selective_policy)
+        if layout.recompute == "selective" and a.selective_policy == "op":
+            # the layer being recomputed holds what the policy dropped while its backward runs
+            whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
+            worst_layer = max(worst_layer, whole - saved)
         if layout.recompute == "full":
             whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
             if recomputed >= 1.0:  # the layer being recomputed holds its full activations

@@ -11,19 +11,12 @@ Three kinds of kernel, each against its own bound:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
-from gpufleet.parallel.layout import Layout, expert_parallel_degrees, expert_routed_tokens
+from gpufleet.parallel.layout import Layout, SelectivePolicy, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
 from gpufleet.workload.params import attention_params
-
-#: What selective recompute re-runs: "attention" = the attention core (Megatron-LM's --recompute-granularity
-#: selective); "op" = torchtitan's op-level policy, which saves every matmul output except every second one
-#: and the attention kernel's, and recomputes the rest (torchtitan parallelize_llama.py, Dec 2024: "Saves
-#: output of all compute ops, except every second mm").
-SelectivePolicy = Literal["attention", "op"]
 
 #: bf16 activations
 ACTIVATION_BYTES = 2

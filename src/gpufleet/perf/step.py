@@ -29,7 +29,7 @@ from gpufleet.parallel.layout import (
     stage_layer_split,
 )
 from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
-from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, SelectivePolicy, layer_compute, logits_compute_s
+from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
@@ -73,9 +73,6 @@ class StepOptions:
     #: "node-dedup": a token crosses the network once per destination node and is forwarded over NVLink there
     #: (DeepEP / HybridEP, DeepSeek-V3's dispatch); "all-to-all": one copy per routed expert
     ep_dispatch: Literal["all-to-all", "node-dedup"] = "all-to-all"
-    #: what selective recompute re-runs: "attention" (Megatron's attention core) or "op" (torchtitan's op-level
-    #: policy: every second matmul and the element-wise ops)
-    selective_policy: SelectivePolicy = "attention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +323,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     def recompute_s(compute: LayerCompute) -> float:
         """The layer's recompute time, averaged over the stage's layers (block recompute covers a share)."""
-        return (compute.recompute_s(layout.recompute, options.selective_policy)
+        return (compute.recompute_s(layout.recompute, options.memory.selective_policy)
                 * (recomputed if layout.recompute == "full" else 1.0))
 
     tp_passes = 4 + 2 * recomputed  # fwd 2, bwd 2, recomputed fwd 2
@@ -440,7 +437,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         compute_parts["attention"] += m * layers_here * (compute.attention_fwd_s + compute.attention_bwd_s)
         compute_parts["elementwise"] += m * layers_here * 3 * compute.elementwise_fwd_s
         compute_parts["recompute"] += m * layers_here * recompute_s(compute)
-        extra = compute.recompute_flops(layout.recompute, options.selective_policy) * (
+        extra = compute.recompute_flops(layout.recompute, options.memory.selective_policy) * (
             recomputed if layout.recompute == "full" else 1.0)
         hardware_flops += m * layers_here * (3 * compute.flops_fwd + extra)
     hardware_flops += m * 3 * logits_flops / pp

@@ -19,9 +19,8 @@ from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
 from gpufleet.errors import CatalogError
 from gpufleet.fabric.topology import Cluster, Fabric
-from gpufleet.parallel.layout import Recompute, Sharding
+from gpufleet.parallel.layout import Recompute, SelectivePolicy, Sharding
 from gpufleet.parallel.memory import GradDtype
-from gpufleet.perf.compute import SelectivePolicy
 from gpufleet.perf.step import StepOptions
 from gpufleet.workload.job import Job
 
@@ -312,10 +311,9 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
     recipe = stack_recipe(run)
     if recipe is None:
         return options
-    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch",
-                   "selective_policy")
+    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
-    memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params")
+    memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params", "selective_policy")
                               if getattr(recipe, name) is not None}
     if memory:
         changes["memory"] = replace(options.memory, **memory)

@@ -242,9 +242,11 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
     options = options or StepOptions()
     space = space or SearchSpace()
     useful = tuple(r for r in space.recomputes if r != "selective")
-    if calibration.attention_kernel != "materialized" and options.memory.flash_attention and useful:
-        # Selective recompute re-runs the attention core to drop its score matrix; a fused kernel never stores one,
-        # so the same memory costs more time: never a better plan.
+    if (calibration.attention_kernel != "materialized" and options.memory.flash_attention and useful
+            and options.memory.selective_policy == "attention"):
+        # Megatron's selective recompute re-runs the attention core to drop its score matrix; a fused kernel never
+        # stores one, so the same memory costs more time: never a better plan. (torchtitan's op-level policy does
+        # drop memory, so it stays.)
         space = replace(space, recomputes=useful)
     hbm_tolerance = space.hbm_tolerance
     try_cheaper = space.partial_recompute and (fixed or {}).get("recompute") is None
