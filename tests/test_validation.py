@@ -306,6 +306,26 @@ def test_a_runs_own_expert_tp_wins_over_its_stacks() -> None:
     assert halves.step.parts["comm.ep"].exposed_s > whole.step.parts["comm.ep"].exposed_s
 
 
+def test_torchtitan_pipeline_runs_get_torchtitan_default_micro_batches() -> None:
+    # torchtitan splits a rank's local batch into as many micro-batches as there are pipeline ranks unless told
+    # otherwise, and gives interleaved schedules 2 stages per rank: Llama 3.1 405B, global batch 256 over dp 8 and
+    # pp 8 -> 8 micro-batches of 256 / 64 = 4 sequences; the run files leave both null.
+    runs = {run.id: run for run in load_runs() if run.id.startswith("torchtitan-405b-512gpu-3d")}
+    catalog = load_catalog()
+    one_f_one_b = predict_run(runs["torchtitan-405b-512gpu-3d-1f1b"], catalog)
+    interleaved = predict_run(runs["torchtitan-405b-512gpu-3d-interleaved"], catalog)
+    for prediction in (one_f_one_b, interleaved):
+        assert prediction.layout is not None and prediction.step is not None
+        assert prediction.layout.micro_batch == 4 and prediction.step.micro_batches == 8
+        assert "micro_batch" not in prediction.filled
+    assert one_f_one_b.layout is not None and one_f_one_b.layout.vpp == 1  # the run says 1F1B
+    assert interleaved.layout is not None and interleaved.layout.vpp == 2
+    # the bubble: (pp - 1) / vpp stage-times (a stage of the interleaved run also sends twice as many p2p messages)
+    assert one_f_one_b.step is not None and interleaved.step is not None
+    assert one_f_one_b.step.parts["bubble"].exposed_s == pytest.approx(
+        2 * interleaved.step.parts["bubble"].exposed_s, rel=0.01)
+
+
 def test_stack_recipe_keys_match_whole_words() -> None:
     run = load_runs()[0]
     nemotron = run.model_copy(update={"source": "quoted by aiportalx.com/nvidia/nemotron-4-340b"})

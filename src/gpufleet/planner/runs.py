@@ -222,6 +222,10 @@ class StackRecipe:
     ep_dispatch: Literal["all-to-all", "node-dedup"] | None = None
     fp32_params: bool | None = None  # PyTorch FSDP2: the sharded fp32 parameter is the optimizer's master
     selective_policy: SelectivePolicy | None = None
+    #: a null micro-batch size is the local batch split into `pp` micro-batches (torchtitan's default)
+    micro_batches_per_pp_stage: bool = False
+    #: values a null vpp may take (None: the fill's usual range)
+    vpps: tuple[int, ...] | None = None
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -249,12 +253,15 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", fp32_params=True, reason=(
         "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
         "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy"))),
-    ("torchtitan", StackRecipe(fp32_params=True, selective_policy="op", reason=(
-        "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
-        "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
-        "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
-        "selective_ac_option = 'op'), saving every matmul output except every second one "
-        "(parallelize_llama.py, Dec 2024)"))),
+    ("torchtitan", StackRecipe(
+        fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2), reason=(
+            "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
+            "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
+            "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
+            "selective_ac_option = 'op'), saving every matmul output except every second one (parallelize_llama.py, "
+            "Dec 2024); with pipeline parallelism it splits the local batch into as many micro-batches as there "
+            "are pipeline ranks unless told otherwise ('pipeline_parallel_microbatches or parallel_dims.pp') and "
+            "gives looped (interleaved) schedules 2 stages per rank by default (generate_split_points)"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),

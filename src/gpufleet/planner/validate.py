@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.catalog.calibration import CalibrationProfile
@@ -97,11 +97,18 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
                 else None
         recipe = stack_recipe(run)
+        space = FILL_SPACE
         if recipe is not None:  # what the stack is documented to use is not the planner's to choose
             if recipe.sharding is not None and fixed["sharding"] is None:
                 fixed["sharding"] = recipe.sharding
             if job.model.moe is not None and recipe.expert_tp is not None:
                 fixed["expert_tp"] = recipe.expert_tp
+            local_batches = (given.dp or 1) * (given.pp or 1)  # tp, pp, dp are known here
+            if (recipe.micro_batches_per_pp_stage and fixed["micro_batch"] is None
+                    and run.global_batch % local_batches == 0):
+                fixed["micro_batch"] = run.global_batch // local_batches
+            if recipe.vpps is not None:
+                space = replace(FILL_SPACE, vpps=recipe.vpps)
         if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
             fixed["expert_tp"] = given.expert_tp
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
@@ -117,7 +124,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                     return result
                 return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)
         else:
-            found = search(job, cluster, calibration, space=FILL_SPACE, fixed=fixed, options=options)
+            found = search(job, cluster, calibration, space=space, fixed=fixed, options=options)
             if found.best is None:
                 if not found.closest_misses:
                     result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})"
