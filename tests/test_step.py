@@ -143,16 +143,21 @@ def test_1f1b_bubble_and_interleaving() -> None:
 
 
 def test_dp_part_matches_the_hand_derived_all_reduce() -> None:
-    # DDP (no sharding) of Llama 3.1 8B over 2 nodes with overlap off: the whole all-reduce is exposed.
+    # DDP (no sharding) of Llama 3.1 8B over 2 nodes with overlap off: the whole all-reduce is exposed. Megatron-LM
+    # reduces bf16 training's gradients in fp32 (its fp32 main_grad buffer): 4 bytes per parameter.
     job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=16)
     layout = Layout(dp=16, micro_batch=1, recompute="full")
     step = estimate_step(job, layout, cluster(16), CAL, StepOptions(dp_overlap=False))
     bus = min(8 * 400e9 / 8 * 0.96, 450e9 * 0.82)
-    bandwidth_s = 8.03e9 * 2 * 2 * 15 / 16 / bus  # ~81.6 ms
+    bandwidth_s = 8.03e9 * 4 * 2 * 15 / 16 / bus  # ~163 ms
     # 40M-element buckets: ceil(8.03e9 / 40e6) = 201 all-reduces, each a tree of 2*log2(16) = 8 steps of
     # (5 us NIC/software + 0.3 us switch hop) latency: ~8.5 ms.
     latency_s = 201 * 8 * (5e-6 + 0.3e-6)
     assert math.isclose(step.parts["comm.dp"].exposed_s, bandwidth_s + latency_s, rel_tol=0.01)
+    # a bf16 gradient buffer (Megatron-Bridge's grad_reduce_in_fp32=False) moves half the bytes
+    bf16 = estimate_step(job, layout, cluster(16), CAL,
+                         StepOptions(dp_overlap=False, memory=MemoryAssumptions(grad_dtype="bf16")))
+    assert math.isclose(bf16.parts["comm.dp"].exposed_s, bandwidth_s / 2 + latency_s, rel_tol=0.01)
 
 
 def test_sequence_parallel_ranks_route_only_their_own_tokens() -> None:

@@ -34,8 +34,6 @@ from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
 
-#: Bytes per gradient element on the wire (bf16 reduction, Megatron's default grad_reduce_in_fp32=False).
-GRAD_WIRE_BYTES = 2
 #: Share of the GPU-to-CPU link's line rate that pinned-memory copies reach (judgement: cudaMemcpy over PCIe Gen5
 #: x16 moves ~50-55 of 64 GB/s).
 HOST_LINK_FRACTION = 0.8
@@ -192,7 +190,8 @@ class _DataParallelComm:
 
 
 def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, params: _StageParams, *,
-                   micro_batches: int, stage_layers: int, compute_per_micro_batch_s: float) -> _DataParallelComm:
+                   micro_batches: int, stage_layers: int, compute_per_micro_batch_s: float,
+                   grad_wire_bytes: float) -> _DataParallelComm:
     """Gradient reduction and parameter gathering over dp*cp (and the expert-data-parallel group).
 
     FSDP/ZeRO-3 gather and reduce one transformer block at a time, every micro-batch (reshard after
@@ -205,14 +204,14 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
     sharded = layout.sharding in ("zero3", "fsdp", "hsdp")
     units = stage_layers if sharded else math.ceil(params.dense / DP_BUCKET_ELEMENTS)
     reduce_op: Op = "all-reduce" if layout.sharding == "none" else "reduce-scatter"
-    reduce_s, link = _chunked_s(reduce_op, params.dense * GRAD_WIRE_BYTES, units, "dp_cp", layout, cluster, options)
+    reduce_s, link = _chunked_s(reduce_op, params.dense * grad_wire_bytes, units, "dp_cp", layout, cluster, options)
     gather_s = 0.0
     if layout.sharding != "none":
         gather_s, _ = _chunked_s("all-gather", params.dense * ACTIVATION_BYTES, units, "dp_cp", layout, cluster,
                                  options)
     if params.expert and expert_parallel_degrees(layout)[1] > 1:
         expert_units = stage_layers if sharded else math.ceil(params.expert / DP_BUCKET_ELEMENTS)
-        more, _ = _chunked_s(reduce_op, params.expert * GRAD_WIRE_BYTES, expert_units, "edp", layout, cluster,
+        more, _ = _chunked_s(reduce_op, params.expert * grad_wire_bytes, expert_units, "edp", layout, cluster,
                              options)
         reduce_s += more
         if layout.sharding != "none":
@@ -420,8 +419,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     worst_stage = max(range(pp), key=lambda stage: stage_times[stage])
     params = stage_parameters(job, layout, worst_stage)
+    # Gradients are reduced in the dtype of the buffer they accumulate in (Megatron-LM: fp32 for bf16 training,
+    # arguments.py "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"; fp16 training
+    # reduces the fp16 grads; FSDP2: its reduce_dtype).
+    grad_wire_bytes = ACTIVATION_BYTES if job.precision == "fp16" else options.memory.grad_bytes
     dp = _data_parallel(layout, cluster, options, params, micro_batches=m, stage_layers=per_stage_layers,
-                        compute_per_micro_batch_s=slowest - p2p_per_mb_s)
+                        compute_per_micro_batch_s=slowest - p2p_per_mb_s, grad_wire_bytes=grad_wire_bytes)
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
     step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s
 
