@@ -28,6 +28,16 @@ def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
         assert plan["time_to_train_s"] >= plan["train_time_s"]
 
 
+def test_inline_tp_backward_never_plans_faster() -> None:
+    # Running TP's backward collectives in line (DTensor TP) can only add exposed time to every layout.
+    def best_step_s(*extra: str) -> float:
+        done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--json", "--top", "1", *extra)
+        assert done.returncode == 0, done.stderr
+        return float(json.loads(done.stdout)["plans"][0]["step_s"])
+
+    assert best_step_s("--inline-tp-backward") >= best_step_s()
+
+
 def test_explain_names_the_links() -> None:
     done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--explain", "1")
     assert done.returncode == 0, done.stderr

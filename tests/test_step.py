@@ -331,15 +331,16 @@ def test_ep_overlap_and_node_dedup_never_slow_a_step(ep: int, tp: int, micro_bat
 
 
 def test_block_recompute_adds_its_share_of_the_recompute_work() -> None:
-    # Llama 3.1 8B, tp 2 on one node: recomputing 8 of the 32 layers costs a quarter of full recompute's extra
-    # forward, and adds a quarter of its extra TP all-reduces (6 per layer instead of 4: 4 + 2 x 8/32 = 4.5).
+    # Llama 3.1 8B, tp 2 + SP on one node: recomputing 8 of the 32 layers costs a quarter of full recompute's extra
+    # forward, and adds a quarter of its extra TP all-reduce units to the exposed ones (3 per layer without
+    # recompute, 5 with: 3 + 2 x 8/32 = 3.5; see the async-backward test below).
     job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=64)
     plain = Layout(tp=2, dp=4, micro_batch=1, sequence_parallel=True)
     full = estimate_step(job, plain.with_(recompute="full"), cluster(8), CAL)
     block = estimate_step(job, plain.with_(recompute="full", recompute_layers=8), cluster(8), CAL)
     none = estimate_step(job, plain, cluster(8), CAL)
     assert block.parts["compute.recompute"].exposed_s == pytest.approx(full.parts["compute.recompute"].exposed_s / 4)
-    assert block.parts["comm.tp"].exposed_s == pytest.approx(none.parts["comm.tp"].exposed_s * 4.5 / 4)
+    assert block.parts["comm.tp"].exposed_s == pytest.approx(none.parts["comm.tp"].exposed_s * 3.5 / 3)
     assert none.step_s < block.step_s < full.step_s
 
 
@@ -361,3 +362,39 @@ def test_activation_offload_copies_each_offloaded_layer_out_and_back_over_the_ho
     fast = estimate_step(job, layout, rack, CATALOG.calibration("gb200")).parts["offload.activations"]
     assert fast.exposed_s == 0 and fast.hidden_s > 0
 
+
+
+def test_megatron_hides_the_backward_input_gradient_reduction_by_hand() -> None:
+    # Llama 3.1 8B, tp 2 on one node, one sequence of 4096, no recompute. Per layer and micro-batch, in units of one
+    # all-reduce of the 4096 x 4096 x 2 B activation (33.5 MB): the forward all-reduces after the attention and MLP
+    # row-parallel GEMMs (2, exposed); the backward all-reduces the input gradients of QKV and the MLP up GEMM
+    # (2), which Megatron runs during their weight-gradient GEMMs (hidden: at tp 2 each GEMM outlasts it). Under
+    # SP the forward's all-gathers and reduce-scatters are the same 2 units, the backward gathers the row GEMMs'
+    # output gradients (1, exposed), reduce-scatters the input gradients (1, hidden) and re-gathers the sharded
+    # inputs during the data-gradient GEMMs (1, hidden). Without the overlap (torchtitan's DTensor TP) both run
+    # 4 units in line.
+    from gpufleet.fabric.collectives import collective_cost
+    from gpufleet.fabric.placement import group_span
+    from gpufleet.perf.compute import layer_compute
+
+    job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=1)
+    for tp in (2, 8):
+        c = cluster(tp)
+        unit_s = collective_cost("all-reduce", 4096 * 4096 * 2, group_span(Layout(tp=tp), "tp", c), c).time_s
+        for sequence_parallel, exposed, hidden in ((False, 2, 2), (True, 3, 2)):
+            layout = Layout(tp=tp, micro_batch=1, sequence_parallel=sequence_parallel)
+            megatron = estimate_step(job, layout, c, CAL).parts["comm.tp"]
+            inline = estimate_step(job, layout, c, CAL, StepOptions(tp_async_backward=False)).parts["comm.tp"]
+            assert inline.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9) and inline.hidden_s == 0.0
+            if tp == 2:
+                assert megatron.exposed_s == pytest.approx(32 * exposed * unit_s, rel=1e-9)
+                assert megatron.hidden_s == pytest.approx(32 * hidden * unit_s, rel=1e-9)
+            else:
+                # at tp 8 the sharded GEMMs are shorter than the reductions: each hides only its own length
+                layer = layer_compute(LLAMA8, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=False)
+                windows = (layer.qkv_gemm_fwd_s, layer.mlp_up_gemm_fwd_s)
+                reductions = ((0.5, 0.5) if sequence_parallel else (1.0,))  # input gradient (+ input re-gather)
+                per_layer = sum(min(share * unit_s, window) for window in windows for share in reductions)
+                assert layer.qkv_gemm_fwd_s < unit_s
+                assert megatron.hidden_s == pytest.approx(32 * per_layer, rel=1e-9)
+                assert megatron.exposed_s + megatron.hidden_s == pytest.approx(32 * (exposed + hidden) * unit_s)

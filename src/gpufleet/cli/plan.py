@@ -174,6 +174,10 @@ def register(app: typer.Typer) -> None:
                                          "with the flow-level simulator on the topology graph."),
         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="The framework hides tensor-parallel "
                                         "communication behind GEMMs (Megatron's --tp-comm-overlap, userbuffers)."),
+        inline_tp_backward: bool = typer.Option(False, "--inline-tp-backward", help="The framework runs tensor "
+                                                "parallelism's backward collectives in line (PyTorch DTensor TP, "
+                                                "torchtitan without AsyncTP) instead of hiding the input-gradient "
+                                                "reduction under the weight-gradient GEMM as Megatron does."),
         overlap_ep: bool = typer.Option(False, "--overlap-ep", help="The expert all-to-all runs while another "
                                         "micro-batch computes (DualPipe, Megatron-Core's EP overlap)."),
         ep_dispatch: str = typer.Option("all-to-all", "--ep-dispatch", help="all-to-all (one copy per routed "
@@ -224,7 +228,8 @@ def register(app: typer.Typer) -> None:
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
-                           options=StepOptions(tp_comm_overlap=overlap_tp, ep_comm_overlap=overlap_ep,
+                           options=StepOptions(tp_comm_overlap=overlap_tp, tp_async_backward=not inline_tp_backward,
+                                               ep_comm_overlap=overlap_ep,
                                                ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch),
                                                memory=MemoryAssumptions(
                                                    selective_policy=cast(SelectivePolicy, selective_policy))))

@@ -63,6 +63,10 @@ class LayerCompute:
     #: torchtitan's op-level selective checkpointing recomputes
     alternate_matmul_fwd_s: float = 0.0
     alternate_matmul_flops_fwd: float = 0.0
+    #: forward seconds of the column-parallel GEMMs of the attention block (QKV) and the dense MLP (up/gate; 0
+    #: for a MoE layer): their backward hides the block's tensor-parallel input-gradient reduction
+    qkv_gemm_fwd_s: float = 0.0
+    mlp_up_gemm_fwd_s: float = 0.0
 
     @property
     def forward_s(self) -> float:
@@ -130,8 +134,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     if model.mla is None:
         q_width = model.heads * model.head_dim_
         kv_width = 2 * model.kv_heads * model.head_dim_
-        gemm_s = gemm_time_s(tokens, (q_width + kv_width) / tp, h, gemm_peak, calibration, precision)
-        gemm_s += gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
+        qkv_s = gemm_time_s(tokens, (q_width + kv_width) / tp, h, gemm_peak, calibration, precision)
+        gemm_s = qkv_s + gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
         gemm_flops = 2 * tokens * h * (2 * q_width + kv_width) / tp
         # every second matmul of q, k, v, out: k and out
         alternate_s = (gemm_time_s(tokens, kv_width / 2 / tp, h, gemm_peak, calibration, precision)
@@ -139,12 +143,14 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         alternate_flops = 2 * tokens * h * (kv_width / 2 + q_width) / tp
     else:
         gemm_s = gemm_time_s(tokens, attn_params / (h * tp), h, gemm_peak, calibration, precision)
+        qkv_s = gemm_s / 2  # MLA: the down/up projections before attention, about half (judgement)
         gemm_flops = 2 * tokens * attn_params / tp
         alternate_s, alternate_flops = gemm_s / 2, gemm_flops / 2  # MLA's projections: half (judgement)
 
     # MLP: dense, or routed + shared experts (balanced routing: each GPU processes tokens × top_k).
     up_matrices = 2 if model.gated_mlp else 1
     attention_gemm_s, attention_gemm_flops = gemm_s, gemm_flops
+    up_s = 0.0
     if moe_layer and model.moe is not None:
         moe = model.moe
         f = moe.expert_ffn_hidden
@@ -172,8 +178,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         alternate_flops += (gemm_flops - attention_gemm_flops) / 2
     else:
         f = model.ffn_hidden or 0
-        gemm_s += gemm_time_s(tokens, up_matrices * f / tp, h, gemm_peak, calibration, precision)
-        gemm_s += gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision)
+        up_s = gemm_time_s(tokens, up_matrices * f / tp, h, gemm_peak, calibration, precision)
+        gemm_s += up_s + gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision)
         gemm_flops += 2 * tokens * (up_matrices + 1) * h * f / tp
         ffn_width = f
         # counting on from out-proj (4th): gated up (5), gate (6), down (7) -> gate; plain up (5), down (6) -> down
@@ -221,6 +227,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         attention_flops_fwd=attention_flops,
         alternate_matmul_fwd_s=alternate_s,
         alternate_matmul_flops_fwd=alternate_flops,
+        qkv_gemm_fwd_s=qkv_s,
+        mlp_up_gemm_fwd_s=up_s,
     )
 
 

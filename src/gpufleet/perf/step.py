@@ -58,6 +58,10 @@ class StepOptions:
 
     placement: Placement = "block"
     tp_comm_overlap: bool = False  # userbuffers TP overlap (off by default in Megatron-LM)
+    #: Megatron overlaps a column-parallel GEMM's backward input-gradient reduction with its weight-gradient GEMM
+    #: (and, under SP, the input re-gather with the data-gradient GEMM); on by default there and in
+    #: Megatron-DeepSpeed; PyTorch's DTensor TP (torchtitan without AsyncTP) runs them in line
+    tp_async_backward: bool = True
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
     ep_imbalance: float = 1.2  # slowest expert rank / mean under top-k routing (judgement)
     step_overhead_s: float = 0.005  # data loading, logging, launch gaps per step (judgement)
@@ -325,11 +329,38 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         return (compute.recompute_s(layout.recompute, options.memory.selective_policy)
                 * (recomputed if layout.recompute == "full" else 1.0))
 
-    tp_passes = 4 + 2 * recomputed  # fwd 2, bwd 2, recomputed fwd 2
     tp_cost = _cost("all-reduce", act_bytes, "tp", layout, cluster, options)
-    tp_per_layer_s = tp_passes * tp_cost.time_s  # SP's AG+RS pair moves the same bytes as one all-reduce
-    # A MoE layer's TP traffic is its attention half; the experts gather their tokens over the etp group (below).
-    moe_tp_per_layer_s = tp_per_layer_s / 2
+    sp = layout.sequence_parallel and layout.tp > 1
+
+    def tp_block_s(column_gemm_fwd_s: float) -> tuple[float, float]:
+        """(exposed, hidden) TP seconds of one block (a column- then a row-parallel GEMM) in all-reduce units
+        (an all-gather or a reduce-scatter moves half what an all-reduce moves). Forward (and a recomputed
+        forward): one all-reduce, or SP's all-gather + reduce-scatter. Backward: the column GEMM's input gradient
+        is all-reduced (reduce-scattered under SP) and, under SP, the row GEMM's output gradient all-gathered.
+        Megatron (and Megatron-DeepSpeed) overlap the input-gradient reduction with the weight-gradient GEMM and,
+        because they keep only the sharded input under SP, re-gather it during the data-gradient GEMM
+        (LinearWithGradAccumulationAndAsyncCommunication; on unless --no-async-tensor-model-parallel-allreduce).
+        Each window is about the column GEMM's forward time."""
+        if layout.tp <= 1:
+            return 0.0, 0.0
+        exposed = (1 + recomputed + (0.5 if sp else 0.0)) * tp_cost.time_s
+        input_grad = (0.5 if sp else 1.0) * tp_cost.time_s
+        if not options.tp_async_backward:
+            return exposed + input_grad, 0.0
+        regather = 0.5 * tp_cost.time_s if sp else 0.0
+        hidden = min(input_grad, column_gemm_fwd_s) + min(regather, column_gemm_fwd_s)
+        return exposed + input_grad + regather - hidden, hidden
+
+    def tp_layer_s(compute: LayerCompute | None, moe: bool) -> tuple[float, float]:
+        """A layer's TP seconds: attention and MLP blocks; a MoE layer's experts gather over etp instead (below)."""
+        if compute is None:
+            return 0.0, 0.0
+        attention = tp_block_s(compute.qkv_gemm_fwd_s)
+        mlp = (0.0, 0.0) if moe else tp_block_s(compute.mlp_up_gemm_fwd_s)
+        return attention[0] + mlp[0], attention[1] + mlp[1]
+
+    (tp_per_layer_s, tp_hidden_per_layer_s) = tp_layer_s(dense_layer, False)
+    (moe_tp_per_layer_s, moe_tp_hidden_per_layer_s) = tp_layer_s(moe_layer, True)
 
     cp_per_layer_s = 0.0
     cp_hidden_per_layer_s = 0.0
@@ -453,9 +484,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     }
     if layout.tp > 1:
         moe_share = (model.layers - moe_from) / model.layers
-        tp_total = m * per_stage_layers * ((1 - moe_share) * tp_per_layer_s + moe_share * moe_tp_per_layer_s)
-        parts["comm.tp"] = Part(0.0 if options.tp_comm_overlap else tp_total,
-                                tp_total if options.tp_comm_overlap else 0.0, tp_cost.link)
+        tp_exposed = m * per_stage_layers * ((1 - moe_share) * tp_per_layer_s + moe_share * moe_tp_per_layer_s)
+        tp_hidden = m * per_stage_layers * ((1 - moe_share) * tp_hidden_per_layer_s
+                                            + moe_share * moe_tp_hidden_per_layer_s)
+        parts["comm.tp"] = Part(0.0 if options.tp_comm_overlap else tp_exposed,
+                                tp_hidden + (tp_exposed if options.tp_comm_overlap else 0.0), tp_cost.link)
     if layout.cp > 1:
         parts["comm.cp"] = Part(m * per_stage_layers * cp_per_layer_s,
                                 m * per_stage_layers * cp_hidden_per_layer_s, cp_link)
