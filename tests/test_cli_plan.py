@@ -28,14 +28,18 @@ def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
         assert plan["time_to_train_s"] >= plan["train_time_s"]
 
 
-def test_inline_tp_backward_never_plans_faster() -> None:
-    # Running TP's backward collectives in line (DTensor TP) can only add exposed time to every layout.
-    def best_step_s(*extra: str) -> float:
+def test_inline_tp_backward_shows_the_reductions_megatron_hides() -> None:
+    # Llama 3 70B on 64 H100s plans tp 2 + SP first. At tp 2 each column GEMM outlasts its backward collectives, so
+    # Megatron hides them; in line (DTensor TP) they add to the step. (Not a law: under SP Megatron also re-gathers
+    # the sharded input, which at high tp and short GEMMs can cost more than it hides.)
+    def best(*extra: str) -> dict:
         done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--json", "--top", "1", *extra)
         assert done.returncode == 0, done.stderr
-        return float(json.loads(done.stdout)["plans"][0]["step_s"])
+        return dict(json.loads(done.stdout)["plans"][0])
 
-    assert best_step_s("--inline-tp-backward") >= best_step_s()
+    megatron, inline = best(), best("--inline-tp-backward")
+    assert megatron["layout"]["label"].startswith("tp2+sp")
+    assert inline["step_s"] > megatron["step_s"]
 
 
 def test_explain_names_the_links() -> None:

@@ -307,6 +307,11 @@ def test_torchtitan_op_level_selective_checkpointing_keeps_what_its_policy_saves
     megatron = activation_bytes_per_layer(LLAMA8B, layout, seq_len=8192, micro_batch=2)
     assert megatron == activation_bytes_per_layer(LLAMA8B, layout, seq_len=8192, micro_batch=2, recompute="none")
     assert op < megatron / 2
+    # with tp 2 + SP the two reduce-scatter outputs (h each, split over tp like the block input) are kept too
+    sp = Layout(tp=2, dp=4, sequence_parallel=True, sharding="fsdp", recompute="selective", micro_batch=2)
+    op_sp = activation_bytes_per_layer(LLAMA8B, sp, seq_len=8192, micro_batch=2, selective_policy="op")
+    per_token = 2 * (3 * 4096) / 2 + 2 * (4096 + 1024 + 4096 + 14336) / 2 + 4 * 32 / 2 + 2 * 4096
+    assert op_sp == 16384 * per_token
 
 
 # ------------------------------------------------------------- torchtitan measured peak memory (calibration)

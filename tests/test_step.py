@@ -92,6 +92,13 @@ def test_fp8_casts_every_routed_copy_of_a_moe_layer_input_by_hand() -> None:
     bf16 = layer_compute(qwen, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=True)
     cast_s = 4096 * (2048 + 4096 + 8 * 2048 + 8 * 768) * 1.5 * 2 / (3.35e12 * 0.8)
     assert math.isclose(fp8.elementwise_fwd_s - bf16.elementwise_fwd_s, cast_s, rel_tol=1e-9)
+    # tp 2 without SP, experts whole (etp 1): out-proj's input halves (2048), the experts still take every token's
+    # 8 copies at their full width 768
+    split = Layout(tp=2, ep=4, dp=4, micro_batch=1, expert_tp=1)
+    fp8 = layer_compute(qwen, split, H100, CAL, seq_len=4096, precision="fp8", moe_layer=True)
+    bf16 = layer_compute(qwen, split, H100, CAL, seq_len=4096, precision="bf16", moe_layer=True)
+    cast_s = 4096 * (2048 + 2048 + 8 * 2048 + 8 * 768) * 1.5 * 2 / (3.35e12 * 0.8)
+    assert math.isclose(fp8.elementwise_fwd_s - bf16.elementwise_fwd_s, cast_s, rel_tol=1e-9)
 
 
 def test_torchtitan_op_level_selective_recompute_by_hand() -> None:
@@ -115,11 +122,19 @@ def test_torchtitan_op_level_selective_recompute_by_hand() -> None:
     layout = Layout(dp=8, micro_batch=2, sharding="fsdp", recompute="selective")
     megatron = estimate_step(job, layout, cluster(8), CAL)
     titan = estimate_step(job, layout, cluster(8), CAL, StepOptions(memory=MemoryAssumptions(selective_policy="op")))
+    # one micro-batch of 2 x 8192 tokens: twice the GEMM rows of the layer above
+    wide_alternate_s = (gemm_time_s(16384, 1024, 4096, peak, CAL, "bf16")
+                        + gemm_time_s(16384, 4096, 4096, peak, CAL, "bf16")
+                        + gemm_time_s(16384, 14336, 4096, peak, CAL, "bf16"))
     wide = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
-    extra_s = 32 * (wide.recompute_s("selective", "op") - wide.recompute_s("selective"))
+    assert math.isclose(wide.alternate_matmul_fwd_s, wide_alternate_s, rel_tol=1e-9)
+    extra_s = 32 * (wide_alternate_s + wide.elementwise_fwd_s - wide.attention_fwd_s)
     assert math.isclose(titan.parts["compute.recompute"].exposed_s - megatron.parts["compute.recompute"].exposed_s,
                         extra_s, rel_tol=1e-9)
-    assert titan.hardware_flops_per_step_per_gpu > megatron.hardware_flops_per_step_per_gpu
+    # and the hardware FLOPs count the re-run matmuls instead of the attention core's score FLOPs
+    attention_flops = 16384 * 2 * 8192 * 4096  # causal: 4·s·d/2 per query
+    assert math.isclose(titan.hardware_flops_per_step_per_gpu - megatron.hardware_flops_per_step_per_gpu,
+                        32 * (2 * 16384 * 4096 * 19456 - attention_flops), rel_tol=1e-9)
 
 
 def test_1f1b_bubble_and_interleaving() -> None:
@@ -386,15 +401,37 @@ def test_megatron_hides_the_backward_input_gradient_reduction_by_hand() -> None:
             megatron = estimate_step(job, layout, c, CAL).parts["comm.tp"]
             inline = estimate_step(job, layout, c, CAL, StepOptions(tp_async_backward=False)).parts["comm.tp"]
             assert inline.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9) and inline.hidden_s == 0.0
+            layer = layer_compute(LLAMA8, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=False)
+            # the column GEMMs' forward times: QKV (4096 + 2 x 1024 wide) and the gated up-projection (2 x 14336)
+            assert layer.qkv_gemm_fwd_s == pytest.approx(gemm_time_s(4096, 6144 / tp, 4096, 989.4e12, CAL, "bf16"))
+            assert layer.mlp_up_gemm_fwd_s == pytest.approx(gemm_time_s(4096, 28672 / tp, 4096, 989.4e12, CAL,
+                                                                        "bf16"))
             if tp == 2:
                 assert megatron.exposed_s == pytest.approx(32 * exposed * unit_s, rel=1e-9)
                 assert megatron.hidden_s == pytest.approx(32 * hidden * unit_s, rel=1e-9)
             else:
                 # at tp 8 the sharded GEMMs are shorter than the reductions: each hides only its own length
-                layer = layer_compute(LLAMA8, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=False)
                 windows = (layer.qkv_gemm_fwd_s, layer.mlp_up_gemm_fwd_s)
                 reductions = ((0.5, 0.5) if sequence_parallel else (1.0,))  # input gradient (+ input re-gather)
                 per_layer = sum(min(share * unit_s, window) for window in windows for share in reductions)
                 assert layer.qkv_gemm_fwd_s < unit_s
                 assert megatron.hidden_s == pytest.approx(32 * per_layer, rel=1e-9)
                 assert megatron.exposed_s + megatron.hidden_s == pytest.approx(32 * (exposed + hidden) * unit_s)
+
+
+def test_op_level_checkpointing_re_runs_the_tp_gathers_by_hand() -> None:
+    # torchtitan's op-level policy keeps reduce-scatter outputs but not all-gathers: with tp 2 + SP each block's
+    # recomputation re-gathers the column GEMM's input (half an all-reduce unit), 1 unit per layer on top of
+    # DTensor TP's 4 in-line units.
+    from gpufleet.fabric.collectives import collective_cost
+    from gpufleet.fabric.placement import group_span
+
+    job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=1)
+    c = cluster(2)
+    unit_s = collective_cost("all-reduce", 4096 * 4096 * 2, group_span(Layout(tp=2), "tp", c), c).time_s
+    layout = Layout(tp=2, micro_batch=1, sequence_parallel=True, recompute="selective")
+    titan = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(selective_policy="op"))
+    assert estimate_step(job, layout, c, CAL, titan).parts["comm.tp"].exposed_s == pytest.approx(32 * 5 * unit_s)
+    megatron_selective = StepOptions(tp_async_backward=False)  # re-runs only the attention core: no collectives
+    assert estimate_step(job, layout, c, CAL, megatron_selective).parts["comm.tp"].exposed_s == pytest.approx(
+        32 * 4 * unit_s)

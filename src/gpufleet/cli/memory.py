@@ -115,6 +115,9 @@ def register(app: typer.Typer) -> None:
         gpu_spec = cat.gpu(gpu)
         _choice(recompute, RECOMPUTES, "recompute")
         _choice(selective_policy, SELECTIVE_POLICIES, "selective policy")
+        if selective_policy != "attention" and recompute != "selective":
+            raise InputError(f"--selective-policy {selective_policy} applies to --recompute selective, "
+                             f"not {recompute}")
         _choice(sharding, SHARDINGS, "sharding")
         _choice(precision, TRAINING_PRECISIONS, "precision")
         if dp is None:

@@ -136,31 +136,33 @@ def layer_terms(
     else:
         tp_bytes += _mlp_tp_bytes(model, model.ffn_hidden or 0, gemm_input) / tp
     score = 0.0 if flash_attention else (2.0 + (3.0 if dropout else 0.0))
-    op_seq, op_tp = _op_level_terms(model, tp, is_moe, tp_bytes)
+    op_seq, op_tp = _op_level_terms(model, tp, is_moe, tp_bytes,
+                                    _attention_terms(model, tp, flash_attention, dropout, gemm_input)[1])
     return LayerActivationTerms(seq=seq, tp=tp_bytes, routed=routed, score=score,
                                 heads_per_gpu=model.heads / tp, op_seq=op_seq, op_tp=op_tp)
 
 
-def _op_level_terms(model: ModelSpec, tp: int, is_moe: bool, full_tp_bytes: float) -> tuple[float, float]:
+def _op_level_terms(model: ModelSpec, tp: int, is_moe: bool, layer_tp_bytes: float,
+                    attention_tp_bytes: float) -> tuple[float, float]:
     """(sequence, per-GPU TP) bytes per token that torchtitan's op-level selective checkpointing keeps: the
     block input, the attention kernel's output and log-sum-exp, every matmul output except every second one
-    in call order q, k, v, out, up, gate, down (so q, v, up and down), and under TP the reduce-scatter
-    outputs. The down projection's output is a full-width partial sum on every TP rank. MLA's projections
-    and a MoE layer's MLP keep half their no-recompute bytes (which matmuls fall on even counts depends on
-    the implementation: judgement)."""
+    in call order q, k, v, out, up, gate, down (so q, v, up and down; under SP also the two reduce-scatter
+    outputs, added in `layer_bytes`). The down projection's output is a full-width partial sum on every TP
+    rank. MLA's other attention tensors and a MoE layer's MLP keep half their no-recompute bytes (which
+    matmuls fall on even counts depends on the implementation: judgement). `layer_tp_bytes` and
+    `attention_tp_bytes` are the layer's and its attention half's no-recompute TP bytes."""
     h = model.hidden
-    seq = ACT_BYTES * h * (1 + (2 if tp > 1 else 0))  # block input; the two reduce-scatter outputs
-    attention_out = ACT_BYTES * model.heads * model.head_dim_ / tp + FP32_BYTES * model.heads / tp
+    seq = ACT_BYTES * h  # the block input (the checkpoint's own argument)
+    output_width = model.mla.v_head_dim if model.mla is not None else model.head_dim_
+    attention_out = ACT_BYTES * model.heads * output_width / tp + FP32_BYTES * model.heads / tp
     if model.mla is not None:
-        attention = attention_out + ACT_BYTES * model.heads * (model.mla.qk_nope_head_dim
-                                                               + model.mla.qk_rope_head_dim) / tp
+        attention = attention_out + (attention_tp_bytes - attention_out) / 2
     else:
         q = ACT_BYTES * model.heads * model.head_dim_ / tp
         v = ACT_BYTES * model.head_dim_ * model.kv_heads / min(tp, model.kv_heads)
         attention = q + v + attention_out
     if is_moe:
-        mlp_no_recompute = full_tp_bytes - _attention_terms(model, tp, True, False, ACT_BYTES)[1]
-        return seq, attention + mlp_no_recompute / 2
+        return seq, attention + (layer_tp_bytes - attention_tp_bytes) / 2
     f = model.ffn_hidden or 0
     up = ACT_BYTES * f / tp  # the first MLP matmul (up, the 5th) is kept
     down = ACT_BYTES * h if model.gated_mlp else 0.0  # gated: down is the 7th, kept; plain: the 6th, recomputed
@@ -184,8 +186,9 @@ def layer_bytes(
     if recompute == "full":
         return ACT_BYTES * model.hidden * tokens / seq_split  # the checkpointed layer input
     if recompute == "selective" and selective_policy == "op":
+        reduce_scatter_outputs = 2 * ACT_BYTES * model.hidden if sp else 0.0
         routed_half = expert_routed_tokens(layout, tokens) * terms.routed / 2  # the MoE judgement above
-        return tokens * (terms.op_seq / seq_split + terms.op_tp) + routed_half
+        return tokens * ((terms.op_seq + reduce_scatter_outputs) / seq_split + terms.op_tp) + routed_half
     total = tokens * (terms.seq / seq_split + terms.tp) + expert_routed_tokens(layout, tokens) * terms.routed
     if recompute == "none" and terms.score:
         # eager attention: heads/t × (s/cp queries) × s keys × b per GPU

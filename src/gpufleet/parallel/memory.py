@@ -91,6 +91,13 @@ class MemoryAssumptions:
     def grad_bytes(self) -> float:
         return 4.0 if self.grad_dtype == "fp32" else 2.0
 
+    def reduced_grad_bytes(self, precision: str) -> float:
+        """Bytes per gradient element the data-parallel reduction moves: the gradient buffer's dtype (Megatron-LM
+        forces fp32 for bf16 training: arguments.py, "bfloat16 requires gradient accumulation and all-reduce to be
+        done in fp32"), except that fp16 training reduces its fp16 gradients before the optimizer copies them
+        into fp32 master gradients (which `grad_bytes` counts)."""
+        return 2.0 if precision == "fp16" else self.grad_bytes
+
 
 DEFAULT_ASSUMPTIONS = MemoryAssumptions()
 

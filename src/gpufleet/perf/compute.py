@@ -209,12 +209,16 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
     if precision in ("fp8", "fp4"):
         q_width = model.heads * model.head_dim_
-        # per token; routed experts take each of a token's top_k copies (plus the shared experts' one)
+        # per token; routed experts take each of a token's top_k copies (plus the shared experts' one) at
+        # their own width f/etp
         mlp_up_inputs: float = h
+        mlp_down_inputs = ffn_width / tp
         if moe_layer and model.moe is not None:
-            mlp_up_inputs = (expert_routed_tokens(layout, tokens) / tokens * model.moe.top_k
-                             + (1 if model.moe.shared_experts else 0)) * h
-        gemm_inputs = h + q_width / tp + mlp_up_inputs + ffn_width / tp  # QKV, out-proj, MLP up, MLP down
+            routed_copies = expert_routed_tokens(layout, tokens) / tokens * model.moe.top_k
+            mlp_up_inputs = (routed_copies + (1 if model.moe.shared_experts else 0)) * h
+            mlp_down_inputs = (routed_copies * model.moe.expert_ffn_hidden / expert_parallel_degrees(layout)[0]
+                               + model.moe.shared_experts * model.moe.expert_ffn_hidden / tp)
+        gemm_inputs = h + q_width / tp + mlp_up_inputs + mlp_down_inputs  # QKV, out-proj, MLP up, MLP down
         elements += tokens * FP8_CAST_ELEMENT_EQUIVALENTS * gemm_inputs
     elementwise_s = elements * ACTIVATION_BYTES / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
 

@@ -340,10 +340,14 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         Megatron (and Megatron-DeepSpeed) overlap the input-gradient reduction with the weight-gradient GEMM and,
         because they keep only the sharded input under SP, re-gather it during the data-gradient GEMM
         (LinearWithGradAccumulationAndAsyncCommunication; on unless --no-async-tensor-model-parallel-allreduce).
-        Each window is about the column GEMM's forward time."""
+        Each window is about the column GEMM's forward time. torchtitan's op-level selective checkpointing
+        saves reduce-scatter outputs but re-runs the all-gather before the column GEMM (the all-reduce without
+        SP)."""
         if layout.tp <= 1:
             return 0.0, 0.0
         exposed = (1 + recomputed + (0.5 if sp else 0.0)) * tp_cost.time_s
+        if layout.recompute == "selective" and options.memory.selective_policy == "op":
+            exposed += (0.5 if sp else 1.0) * tp_cost.time_s
         input_grad = (0.5 if sp else 1.0) * tp_cost.time_s
         if not options.tp_async_backward:
             return exposed + input_grad, 0.0
@@ -450,12 +454,9 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     worst_stage = max(range(pp), key=lambda stage: stage_times[stage])
     params = stage_parameters(job, layout, worst_stage)
-    # Gradients are reduced in the dtype of the buffer they accumulate in (Megatron-LM: fp32 for bf16 training,
-    # arguments.py "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"; fp16 training
-    # reduces the fp16 grads; FSDP2: its reduce_dtype).
-    grad_wire_bytes = ACTIVATION_BYTES if job.precision == "fp16" else options.memory.grad_bytes
     dp = _data_parallel(layout, cluster, options, params, micro_batches=m, stage_layers=per_stage_layers,
-                        compute_per_micro_batch_s=slowest - p2p_per_mb_s, grad_wire_bytes=grad_wire_bytes)
+                        compute_per_micro_batch_s=slowest - p2p_per_mb_s,
+                        grad_wire_bytes=options.memory.reduced_grad_bytes(job.precision))
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
     step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s
 
