@@ -102,6 +102,9 @@ def test_validate_json_shape() -> None:
     assert {"all", "high", "medium", "low"} <= set(data["summary"])
     kernels = {run["id"]: run["attention_kernel"] for run in data["runs"]}
     assert kernels["mpt-7b-h100-8gpu-s2048-bf16"] == "flash-v1"  # llm-foundry's Triton FlashAttention-1
+    stacks = {run["id"]: run["stack"] for run in data["runs"]}  # whose documented settings were applied
+    assert stacks["mpt-7b-h100-8gpu-s2048-bf16"] == "llm-foundry"
+    assert stacks["torchtitan-405b-512gpu-3d-1f1b"] == "torchtitan"
 
 
 def test_fabric_model_sim_retimes_collectives_with_the_simulator() -> None:

@@ -296,12 +296,18 @@ def cited_years(source: str) -> list[int]:
     return years
 
 
-def stack_recipe(run: PublishedRun) -> StackRecipe | None:
-    """The first STACK_RECIPES entry whose key the run's source names as a whole word ("nvidia/nemo" is not
-    "nvidia/nemotron-4")."""
+def matched_stack(run: PublishedRun) -> tuple[str, StackRecipe] | None:
+    """The first STACK_RECIPES entry (key, recipe) whose key the run's source names as a whole word
+    ("nvidia/nemo" is not "nvidia/nemotron-4")."""
     source = run.source.lower()
-    return next((recipe for key, recipe in STACK_RECIPES
+    return next(((key, recipe) for key, recipe in STACK_RECIPES
                  if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", source)), None)
+
+
+def stack_recipe(run: PublishedRun) -> StackRecipe | None:
+    """The recipe of the run's stack (`matched_stack`), if any."""
+    matched = matched_stack(run)
+    return matched[1] if matched else None
 
 
 def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:

@@ -12,7 +12,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job, run_step_options, stack_recipe
+from gpufleet.planner.runs import PublishedRun, matched_stack, run_calibration, run_cluster, run_job, run_step_options
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -33,6 +33,7 @@ class RunPrediction:
     layout: Layout | None = None
     step: StepEstimate | None = None
     attention_kernel: str | None = None  # the kernel the run's stack used, as validation assumed it
+    stack: str | None = None  # the STACK_RECIPES key whose documented settings validation applied
 
     @property
     def note(self) -> str:
@@ -40,6 +41,8 @@ class RunPrediction:
         notes = [self.reason or (f"filled: {', '.join(self.filled)}" if self.filled else "")]
         if self.attention_kernel and self.attention_kernel != "flash":
             notes.append(f"attention: {self.attention_kernel}")
+        if self.stack:
+            notes.append(f"stack: {self.stack}")
         return "; ".join(note for note in notes if note)
 
     @property
@@ -60,6 +63,7 @@ class RunPrediction:
             "reason": self.reason,
             "layout": self.layout.short() if self.layout else None,
             "attention_kernel": self.attention_kernel,
+            "stack": self.stack,
         }
 
 
@@ -96,7 +100,9 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         if fixed["cp"] is None:
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
                 else None
-        recipe = stack_recipe(run)
+        matched = matched_stack(run)
+        recipe = matched[1] if matched else None
+        result.stack = matched[0] if matched else None
         space = FILL_SPACE
         if recipe is not None:  # what the stack is documented to use is not the planner's to choose
             if recipe.sharding is not None and fixed["sharding"] is None:
