@@ -47,6 +47,15 @@ def test_torchtitan_selective_policy_keeps_less() -> None:
     assert megatron - titan == pytest.approx((139392 - 63616) * 16384 * 31)
 
 
+def test_dtensor_tp_keeps_gathered_inputs() -> None:
+    # Llama 3 8B, tp 2 + SP, 4096 tokens: DTensor keeps QKV's and the MLP's gathered inputs, 1/2 x 4096 x 2 x 2 x 4096
+    # bytes more per layer than Megatron's shards, over 32 layers.
+    args = (*BASE, "--gpus", "8", "--tp", "2", "--json")
+    megatron = json.loads(gpufleet(*args).stdout)["stages"][0]["bytes"]["activations"]
+    dtensor = json.loads(gpufleet(*args, "--dtensor-tp").stdout)["stages"][0]["bytes"]["activations"]
+    assert dtensor - megatron == pytest.approx(32 * 0.5 * 4096 * 2 * 2 * 4096)
+
+
 def test_does_not_fit_exits_1_and_says_why() -> None:
     result = gpufleet(*BASE, "--gpus", "1", "--seq", "8192", "--json")
     assert result.returncode == 1

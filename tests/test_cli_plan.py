@@ -28,7 +28,7 @@ def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
         assert plan["time_to_train_s"] >= plan["train_time_s"]
 
 
-def test_inline_tp_backward_shows_the_reductions_megatron_hides() -> None:
+def test_dtensor_tp_shows_the_reductions_megatron_hides() -> None:
     # Llama 3 70B on 64 H100s plans tp 2 + SP first. At tp 2 each column GEMM outlasts its backward collectives, so
     # Megatron hides them; in line (DTensor TP) they add to the step. (Not a law: under SP Megatron also re-gathers
     # the sharded input, which at high tp and short GEMMs can cost more than it hides.)
@@ -37,7 +37,7 @@ def test_inline_tp_backward_shows_the_reductions_megatron_hides() -> None:
         assert done.returncode == 0, done.stderr
         return dict(json.loads(done.stdout)["plans"][0])
 
-    megatron, inline = best(), best("--inline-tp-backward")
+    megatron, inline = best(), best("--dtensor-tp")
     assert megatron["layout"]["label"].startswith("tp2+sp")
     assert inline["step_s"] > megatron["step_s"]
 

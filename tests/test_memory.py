@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpufleet.catalog.records import ModelSpec, MoESpec
 from gpufleet.errors import InputError, LayoutError
-from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches, layer_terms
+from gpufleet.parallel.activations import activation_bytes_per_layer, inflight_microbatches, layer_bytes, layer_terms
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees, recomputed_fraction, validate_layout
 from gpufleet.parallel.memory import (
     MemoryAssumptions,
@@ -317,8 +317,10 @@ def test_torchtitan_op_level_selective_checkpointing_keeps_what_its_policy_saves
 # ------------------------------------------------------------- torchtitan measured peak memory (calibration)
 
 #: torchtitan as it ran: eager cross_entropy(logits.float()) (12-byte logits), FSDP2's fp32 parameters as the master,
-#: op-level selective checkpointing (train_configs/llama3_8b.toml: selective_ac_option = 'op')
-TORCHTITAN = MemoryAssumptions(logits_bytes_per_element=12.0, fp32_params=True, selective_policy="op")
+#: op-level selective checkpointing (train_configs/llama3_8b.toml: selective_ac_option = 'op'), DTensor TP keeping
+#: the column GEMMs' all-gathered inputs
+TORCHTITAN = MemoryAssumptions(logits_bytes_per_element=12.0, fp32_params=True, selective_policy="op",
+                               tp_gathered_inputs=True)
 
 
 @pytest.mark.parametrize(
@@ -336,7 +338,7 @@ TORCHTITAN = MemoryAssumptions(logits_bytes_per_element=12.0, fp32_params=True, 
             8192,
             512,
             71.9,
-            0.15,
+            0.10,
         ),
     ],
 )
@@ -575,3 +577,15 @@ def test_fsdp2_keeps_fp32_parameters_as_the_master() -> None:
     megatron = stage_memory(model, layout, **kwargs)
     assert fsdp2.weights_bytes + fsdp2.gradients_bytes + fsdp2.optimizer_bytes == pytest.approx(16 * psi / 8)
     assert megatron.weights_bytes + megatron.gradients_bytes + megatron.optimizer_bytes == pytest.approx(18 * psi / 8)
+
+
+def test_dtensor_tp_keeps_the_column_inputs_gathered() -> None:
+    # Under SP Megatron keeps each column GEMM's input as its 1/tp shard and re-gathers it in backward; DTensor TP keeps
+    # the all-gathered input. Llama 3 70B, tp 8, 8192 x 2 tokens: QKV's and the MLP's inputs, 2 B x 8192 wide each,
+    # cost 7/8 x 16384 x 2 x 2 x 8192 bytes more per layer.
+    layout = Layout(tp=8, dp=4, sequence_parallel=True, micro_batch=2)
+    megatron = activation_bytes_per_layer(LLAMA70B, layout, seq_len=8192, micro_batch=2)
+    terms = layer_terms(LLAMA70B, 8, moe_layer=False)
+    dtensor = layer_bytes(terms, LLAMA70B, layout, seq_len=8192, micro_batch=2, recompute="none",
+                          gathered_column_inputs=True)
+    assert dtensor - megatron == 7 / 8 * 16384 * 2 * 2 * 8192

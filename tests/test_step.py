@@ -399,8 +399,15 @@ def test_megatron_hides_the_backward_input_gradient_reduction_by_hand() -> None:
         for sequence_parallel, exposed, hidden in ((False, 2, 2), (True, 3, 2)):
             layout = Layout(tp=tp, micro_batch=1, sequence_parallel=sequence_parallel)
             megatron = estimate_step(job, layout, c, CAL).parts["comm.tp"]
-            inline = estimate_step(job, layout, c, CAL, StepOptions(tp_async_backward=False)).parts["comm.tp"]
+            dtensor = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(tp_gathered_inputs=True))
+            inline = estimate_step(job, layout, c, CAL, dtensor).parts["comm.tp"]
             assert inline.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9) and inline.hidden_s == 0.0
+            # Megatron with --no-async-tensor-model-parallel-allreduce still re-gathers its SP shard during the
+            # data-gradient GEMM (hidden at tp 2, where the GEMMs outlast it)
+            no_async = estimate_step(job, layout, c, CAL, StepOptions(tp_async_backward=False)).parts["comm.tp"]
+            if tp == 2:
+                assert no_async.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9)
+                assert no_async.hidden_s == pytest.approx(32 * (1 if sequence_parallel else 0) * unit_s, rel=1e-9)
             layer = layer_compute(LLAMA8, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=False)
             # the column GEMMs' forward times: QKV (4096 + 2 x 1024 wide) and the gated up-projection (2 x 14336)
             assert layer.qkv_gemm_fwd_s == pytest.approx(gemm_time_s(4096, 6144 / tp, 4096, 989.4e12, CAL, "bf16"))
@@ -430,8 +437,10 @@ def test_op_level_checkpointing_re_runs_the_tp_gathers_by_hand() -> None:
     c = cluster(2)
     unit_s = collective_cost("all-reduce", 4096 * 4096 * 2, group_span(Layout(tp=2), "tp", c), c).time_s
     layout = Layout(tp=2, micro_batch=1, sequence_parallel=True, recompute="selective")
-    titan = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(selective_policy="op"))
+    titan = StepOptions(tp_async_backward=False,
+                        memory=MemoryAssumptions(selective_policy="op", tp_gathered_inputs=True))
     assert estimate_step(job, layout, c, CAL, titan).parts["comm.tp"].exposed_s == pytest.approx(32 * 5 * unit_s)
-    megatron_selective = StepOptions(tp_async_backward=False)  # re-runs only the attention core: no collectives
+    # Megatron's selective re-runs only the attention core: no collectives
+    megatron_selective = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(tp_gathered_inputs=True))
     assert estimate_step(job, layout, c, CAL, megatron_selective).parts["comm.tp"].exposed_s == pytest.approx(
         32 * 4 * unit_s)

@@ -94,6 +94,10 @@ def register(app: typer.Typer) -> None:
             None, "--expert-tp", min=1, help="MoE: tensor parallelism inside the experts [default: tp when ep "
             "divides dp·cp, else 1]."
         ),
+        dtensor_tp: bool = typer.Option(
+            False, "--dtensor-tp", help="Tensor parallelism as PyTorch DTensor runs it (torchtitan): under sequence "
+            "parallelism each column GEMM keeps its all-gathered input, where Megatron keeps the 1/tp shard."
+        ),
         sharding: str = typer.Option("none", "--sharding", help=f"One of {', '.join(SHARDINGS)}."),
         hsdp_group: int = typer.Option(8, "--hsdp-group", min=2, help="FSDP shard-group size for hsdp."),
         precision: str = typer.Option(
@@ -145,7 +149,8 @@ def register(app: typer.Typer) -> None:
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
-        assumptions = MemoryAssumptions(selective_policy=cast(SelectivePolicy, selective_policy))
+        assumptions = MemoryAssumptions(selective_policy=cast(SelectivePolicy, selective_policy),
+                                        tp_gathered_inputs=dtensor_tp)
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
         data = _report(stages, gpu_spec.hbm_bytes)

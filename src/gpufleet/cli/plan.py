@@ -174,10 +174,11 @@ def register(app: typer.Typer) -> None:
                                          "with the flow-level simulator on the topology graph."),
         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="The framework hides tensor-parallel "
                                         "communication behind GEMMs (Megatron's --tp-comm-overlap, userbuffers)."),
-        inline_tp_backward: bool = typer.Option(False, "--inline-tp-backward", help="The framework runs tensor "
-                                                "parallelism's backward collectives in line (PyTorch DTensor TP, "
-                                                "torchtitan without AsyncTP) instead of hiding the input-gradient "
-                                                "reduction under the weight-gradient GEMM as Megatron does."),
+        dtensor_tp: bool = typer.Option(False, "--dtensor-tp", help="Tensor parallelism as PyTorch DTensor runs it "
+                                        "(torchtitan without AsyncTP): backward collectives in line and, under "
+                                        "sequence parallelism, the gathered GEMM inputs kept, where Megatron hides "
+                                        "the input-gradient reduction under the weight-gradient GEMM and keeps "
+                                        "only the shard."),
         overlap_ep: bool = typer.Option(False, "--overlap-ep", help="The expert all-to-all runs while another "
                                         "micro-batch computes (DualPipe, Megatron-Core's EP overlap)."),
         ep_dispatch: str = typer.Option("all-to-all", "--ep-dispatch", help="all-to-all (one copy per routed "
@@ -228,11 +229,12 @@ def register(app: typer.Typer) -> None:
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
-                           options=StepOptions(tp_comm_overlap=overlap_tp, tp_async_backward=not inline_tp_backward,
+                           options=StepOptions(tp_comm_overlap=overlap_tp, tp_async_backward=not dtensor_tp,
                                                ep_comm_overlap=overlap_ep,
                                                ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch),
                                                memory=MemoryAssumptions(
-                                                   selective_policy=cast(SelectivePolicy, selective_policy))))
+                                                   selective_policy=cast(SelectivePolicy, selective_policy),
+                                                   tp_gathered_inputs=dtensor_tp)))
         if len(counts) == 1 and deadline_s is None:
             result = _plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report)

@@ -70,6 +70,9 @@ class LayerActivationTerms:
     #: torchtitan's op-level selective checkpointing keeps only these (sequence / per-GPU TP bytes per token)
     op_seq: float = 0.0
     op_tp: float = 0.0
+    #: the part of `seq` that is column-parallel GEMM inputs (QKV's; a dense MLP's up-projection's): Megatron keeps
+    #: them as the sequence-parallel shard, PyTorch's DTensor TP keeps them all-gathered
+    column_inputs: float = 0.0
 
 
 def _attention_terms(model: ModelSpec, tp: int, flash_attention: bool, dropout: bool,
@@ -138,8 +141,10 @@ def layer_terms(
     score = 0.0 if flash_attention else (2.0 + (3.0 if dropout else 0.0))
     op_seq, op_tp = _op_level_terms(model, tp, is_moe, tp_bytes,
                                     _attention_terms(model, tp, flash_attention, dropout, gemm_input)[1])
+    column_inputs = gemm_input * h * (1 if is_moe else 2)  # a MoE layer routes its own shard: no gathered MLP input
     return LayerActivationTerms(seq=seq, tp=tp_bytes, routed=routed, score=score,
-                                heads_per_gpu=model.heads / tp, op_seq=op_seq, op_tp=op_tp)
+                                heads_per_gpu=model.heads / tp, op_seq=op_seq, op_tp=op_tp,
+                                column_inputs=column_inputs)
 
 
 def _op_level_terms(model: ModelSpec, tp: int, is_moe: bool, layer_tp_bytes: float,
@@ -178,8 +183,10 @@ def layer_bytes(
     micro_batch: int,
     recompute: Recompute,
     selective_policy: SelectivePolicy = "attention",
+    gathered_column_inputs: bool = False,
 ) -> float:
-    """Bytes one GPU keeps for one layer and one micro-batch, given precomputed terms."""
+    """Bytes one GPU keeps for one layer and one micro-batch, given precomputed terms. `gathered_column_inputs`:
+    under sequence parallelism the column GEMMs' inputs are kept all-gathered (DTensor TP), not as the shard."""
     tokens = seq_len * micro_batch / layout.cp
     sp = layout.sequence_parallel and layout.tp > 1
     seq_split = layout.tp if sp else 1
@@ -189,7 +196,10 @@ def layer_bytes(
         reduce_scatter_outputs = 2 * ACT_BYTES * model.hidden if sp else 0.0
         routed_half = expert_routed_tokens(layout, tokens) * terms.routed / 2  # the MoE judgement above
         return tokens * ((terms.op_seq + reduce_scatter_outputs) / seq_split + terms.op_tp) + routed_half
-    total = tokens * (terms.seq / seq_split + terms.tp) + expert_routed_tokens(layout, tokens) * terms.routed
+    seq_bytes = terms.seq / seq_split
+    if sp and gathered_column_inputs:
+        seq_bytes += terms.column_inputs * (1 - 1 / seq_split)
+    total = tokens * (seq_bytes + terms.tp) + expert_routed_tokens(layout, tokens) * terms.routed
     if recompute == "none" and terms.score:
         # eager attention: heads/t × (s/cp queries) × s keys × b per GPU
         total += terms.score * terms.heads_per_gpu * tokens * seq_len

@@ -78,6 +78,9 @@ class MemoryAssumptions:
     #: what selective recompute keeps: Megatron's everything-but-the-attention-core, or torchtitan's op-level
     #: policy (SelectivePolicy); the step model re-runs what this leaves out
     selective_policy: SelectivePolicy = "attention"
+    #: under sequence parallelism, keep each column-parallel GEMM's input all-gathered for its backward (PyTorch
+    #: DTensor TP) instead of Megatron's shard that the backward re-gathers
+    tp_gathered_inputs: bool = False
     flash_attention: bool = True
     dropout: bool = False
     logits_bytes_per_element: float = LOGITS_BYTES_PER_ELEMENT  # 6 fused (Megatron); ~12 unfused fp32 upcast
@@ -273,13 +276,13 @@ def stage_memory(
             continue
         terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout, precision == "fp8")
         saved = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute,
-                            selective_policy=a.selective_policy)
+                            selective_policy=a.selective_policy, gathered_column_inputs=a.tp_gathered_inputs)
+        whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none",
+                            gathered_column_inputs=a.tp_gathered_inputs)
         if layout.recompute == "selective" and a.selective_policy == "op":
             # the layer being recomputed holds what the policy dropped while its backward runs
-            whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
             worst_layer = max(worst_layer, whole - saved)
         if layout.recompute == "full":
-            whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none")
             if recomputed >= 1.0:  # the layer being recomputed holds its full activations
                 worst_layer = max(worst_layer, whole)
             # (block recompute re-materialises its first layers after backward has freed the stored ones)

@@ -337,22 +337,23 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         (an all-gather or a reduce-scatter moves half what an all-reduce moves). Forward (and a recomputed
         forward): one all-reduce, or SP's all-gather + reduce-scatter. Backward: the column GEMM's input gradient
         is all-reduced (reduce-scattered under SP) and, under SP, the row GEMM's output gradient all-gathered.
-        Megatron (and Megatron-DeepSpeed) overlap the input-gradient reduction with the weight-gradient GEMM and,
-        because they keep only the sharded input under SP, re-gather it during the data-gradient GEMM
-        (LinearWithGradAccumulationAndAsyncCommunication; on unless --no-async-tensor-model-parallel-allreduce).
-        Each window is about the column GEMM's forward time. torchtitan's op-level selective checkpointing
-        saves reduce-scatter outputs but re-runs the all-gather before the column GEMM (the all-reduce without
-        SP)."""
+        Megatron (and Megatron-DeepSpeed) keep only the sharded input under SP and re-gather it during the
+        data-gradient GEMM; they also overlap the input-gradient reduction with the weight-gradient GEMM
+        (LinearWithGradAccumulationAndAsyncCommunication; on unless --no-async-tensor-model-parallel-allreduce:
+        `tp_async_backward`). DTensor TP keeps the gathered input (`MemoryAssumptions.tp_gathered_inputs`) and
+        runs the reduction in line. Each window is about the column GEMM's forward time. torchtitan's op-level
+        selective checkpointing saves reduce-scatter outputs but re-runs the all-gather before the column GEMM
+        (the all-reduce without SP)."""
         if layout.tp <= 1:
             return 0.0, 0.0
         exposed = (1 + recomputed + (0.5 if sp else 0.0)) * tp_cost.time_s
         if layout.recompute == "selective" and options.memory.selective_policy == "op":
             exposed += (0.5 if sp else 1.0) * tp_cost.time_s
         input_grad = (0.5 if sp else 1.0) * tp_cost.time_s
-        if not options.tp_async_backward:
-            return exposed + input_grad, 0.0
-        regather = 0.5 * tp_cost.time_s if sp else 0.0
-        hidden = min(input_grad, column_gemm_fwd_s) + min(regather, column_gemm_fwd_s)
+        regather = 0.5 * tp_cost.time_s if sp and not options.memory.tp_gathered_inputs else 0.0
+        hidden = min(regather, column_gemm_fwd_s)
+        if options.tp_async_backward:
+            hidden += min(input_grad, column_gemm_fwd_s)
         return exposed + input_grad + regather - hidden, hidden
 
     def tp_layer_s(compute: LayerCompute | None, moe: bool) -> tuple[float, float]:

@@ -227,6 +227,7 @@ class StackRecipe:
     #: values a null vpp may take (None: the fill's usual range)
     vpps: tuple[int, ...] | None = None
     tp_async_backward: bool | None = None
+    tp_gathered_inputs: bool | None = None
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -256,7 +257,7 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
         "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy"))),
     ("torchtitan", StackRecipe(
         fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2),
-        tp_async_backward=False, reason=(
+        tp_async_backward=False, tp_gathered_inputs=True, reason=(
             "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
             "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
             "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
@@ -264,7 +265,8 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
             "Dec 2024); with pipeline parallelism it splits the local batch into as many micro-batches as there "
             "are pipeline ranks unless told otherwise ('pipeline_parallel_microbatches or parallel_dims.pp') and "
             "gives looped (interleaved) schedules 2 stages per rank by default (generate_split_points); its "
-            "DTensor tensor parallelism runs the backward's collectives in line (only AsyncTP overlaps them)"))),
+            "DTensor tensor parallelism runs the backward's collectives in line (only AsyncTP overlaps them) and "
+            "autograd keeps each column GEMM's all-gathered input for its backward"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
@@ -330,7 +332,8 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
     step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch",
                    "tp_async_backward")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
-    memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params", "selective_policy")
+    memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params", "selective_policy",
+                                                                         "tp_gathered_inputs")
                               if getattr(recipe, name) is not None}
     if memory:
         changes["memory"] = replace(options.memory, **memory)
