@@ -81,6 +81,17 @@ def test_published_accuracy(published: dict[str, object], published_predictions:
     assert outlier.error is not None and 0.5 < outlier.error < 1.1
 
 
+def test_stacks_before_megatrons_async_tp_all_reduce_run_it_in_line() -> None:
+    # Megatron-LM 2021 (SC21), BLOOM's and MT-NLG's Megatron-DeepSpeed forks all-reduce the column-parallel input
+    # gradient in line; Megatron-Core / Megatron-DeepSpeed since 2022 hide it under the weight-gradient GEMM, and
+    # torchtitan's DTensor TP runs it in line.
+    runs = {run.id: run for run in load_runs()}
+    inline = {run_id: not run_step_options(run).tp_async_backward for run_id, run in runs.items()}
+    assert inline["bloom-176b-384gpu"] and inline["mtnlg-530b-2240"] and inline["sc21-t1-145b"]
+    assert all(inline[r] for r in runs if r.startswith("torchtitan"))
+    assert not any(inline[r] for r in runs if r.startswith(("mcore", "korthikanti", "mpt", "deepseek")))
+
+
 def test_each_run_gets_the_attention_kernel_its_stack_used() -> None:
     # llm-foundry's benchmark sweep ran attn_impl=triton (FlashAttention-1 in Triton); Megatron-LM 2021
     # (PTD-P), BLOOM and every source that cites nothing after 2022 predate flash attention; the rest
