@@ -589,3 +589,5 @@ def test_dtensor_tp_keeps_the_column_inputs_gathered() -> None:
     dtensor = layer_bytes(terms, LLAMA70B, layout, seq_len=8192, micro_batch=2, recompute="none",
                           gathered_column_inputs=True)
     assert dtensor - megatron == 7 / 8 * 16384 * 2 * 2 * 8192
+    assert dtensor == activation_bytes_per_layer(LLAMA70B, layout, seq_len=8192, micro_batch=2,
+                                                 gathered_column_inputs=True)

@@ -402,12 +402,13 @@ def test_megatron_hides_the_backward_input_gradient_reduction_by_hand() -> None:
             dtensor = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(tp_gathered_inputs=True))
             inline = estimate_step(job, layout, c, CAL, dtensor).parts["comm.tp"]
             assert inline.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9) and inline.hidden_s == 0.0
-            # Megatron with --no-async-tensor-model-parallel-allreduce still re-gathers its SP shard during the
-            # data-gradient GEMM (hidden at tp 2, where the GEMMs outlast it)
+            # --no-async-tensor-model-parallel-allreduce only governs the all-reduce without SP: under SP Megatron
+            # always reduce-scatters during the weight-gradient GEMM and re-gathers during the data-gradient GEMM
             no_async = estimate_step(job, layout, c, CAL, StepOptions(tp_async_backward=False)).parts["comm.tp"]
-            if tp == 2:
-                assert no_async.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9)
-                assert no_async.hidden_s == pytest.approx(32 * (1 if sequence_parallel else 0) * unit_s, rel=1e-9)
+            if sequence_parallel:
+                assert no_async == megatron
+            else:
+                assert no_async.exposed_s == pytest.approx(32 * 4 * unit_s, rel=1e-9) and no_async.hidden_s == 0.0
             layer = layer_compute(LLAMA8, layout, H100, CAL, seq_len=4096, precision="bf16", moe_layer=False)
             # the column GEMMs' forward times: QKV (4096 + 2 x 1024 wide) and the gated up-projection (2 x 14336)
             assert layer.qkv_gemm_fwd_s == pytest.approx(gemm_time_s(4096, 6144 / tp, 4096, 989.4e12, CAL, "bf16"))
@@ -440,7 +441,29 @@ def test_op_level_checkpointing_re_runs_the_tp_gathers_by_hand() -> None:
     titan = StepOptions(tp_async_backward=False,
                         memory=MemoryAssumptions(selective_policy="op", tp_gathered_inputs=True))
     assert estimate_step(job, layout, c, CAL, titan).parts["comm.tp"].exposed_s == pytest.approx(32 * 5 * unit_s)
-    # Megatron's selective re-runs only the attention core: no collectives
-    megatron_selective = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(tp_gathered_inputs=True))
-    assert estimate_step(job, layout, c, CAL, megatron_selective).parts["comm.tp"].exposed_s == pytest.approx(
+    # the same DTensor TP under the attention-core policy re-runs no collectives
+    attention_policy = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(tp_gathered_inputs=True))
+    assert estimate_step(job, layout, c, CAL, attention_policy).parts["comm.tp"].exposed_s == pytest.approx(
         32 * 4 * unit_s)
+
+
+def test_moe_layers_tp_blocks_by_hand() -> None:
+    # A MoE layer's own TP traffic is its attention block; shared experts are a TP MLP of their own, and DTensor TP
+    # also gathers the MoE input for the router and reduce-scatters the output. Qwen3-30B-A3B (no shared experts),
+    # tp 2 + SP, ep 8, 48 layers, one sequence of 4096 (2048 x 4096 x 2 B per all-reduce unit), no async windows
+    # needed: DTensor runs 2 units per block in line.
+    from gpufleet.fabric.collectives import collective_cost
+    from gpufleet.fabric.placement import group_span
+
+    qwen = CATALOG.model("qwen3-30b-a3b")
+    job = Job(qwen, tokens=1e12, seq_len=4096, global_batch=8)
+    c = cluster(16)
+    layout = Layout(tp=2, ep=8, dp=8, micro_batch=1, sequence_parallel=True, expert_tp=1)
+    unit_s = collective_cost("all-reduce", 4096 * 2048 * 2, group_span(layout, "tp", c), c).time_s
+    dtensor = StepOptions(tp_async_backward=False, memory=MemoryAssumptions(tp_gathered_inputs=True))
+    megatron_inline = StepOptions(tp_async_backward=False)
+    per_layer = {name: estimate_step(job, layout, c, CAL, options).parts["comm.tp"].exposed_s / 48
+                 for name, options in (("dtensor", dtensor), ("megatron", megatron_inline))}
+    assert per_layer["dtensor"] == pytest.approx(2 * 2 * unit_s)  # attention + the MoE block, 2 units each
+    # Megatron: attention only; of its 2.5 units under SP the reduce-scatter and the re-gather (1) hide under QKV
+    assert per_layer["megatron"] == pytest.approx(1.5 * unit_s)

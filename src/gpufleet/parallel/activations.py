@@ -14,7 +14,8 @@ This module splits those bytes into three classes and generalises each:
 
 * *sequence terms* (bytes per token, width h): norm inputs, GEMM inputs of the QKV projection and of the
   MLP, dropout masks, MoE router probabilities and the dispatched expert inputs/outputs. Replicated
-  across TP ranks unless sequence parallelism splits them (/t).
+  across TP ranks unless sequence parallelism splits them (/t) — except that PyTorch's DTensor TP keeps the
+  column-parallel GEMM inputs all-gathered (`column_inputs`, `gathered_column_inputs`).
 * *TP terms* (bytes per token, split /t by TP): Q, K, V, the attention output (= output-projection input),
   the MLP intermediates (plain: GeLU in + out = 2 tensors of width f; gated SwiGLU: fc1 output of width 2f
   + fc2 input of width f = 3 tensors of width f), shared-expert and routed-expert intermediates.
@@ -141,7 +142,8 @@ def layer_terms(
     score = 0.0 if flash_attention else (2.0 + (3.0 if dropout else 0.0))
     op_seq, op_tp = _op_level_terms(model, tp, is_moe, tp_bytes,
                                     _attention_terms(model, tp, flash_attention, dropout, gemm_input)[1])
-    column_inputs = gemm_input * h * (1 if is_moe else 2)  # a MoE layer routes its own shard: no gathered MLP input
+    # QKV's input and the MLP's (a MoE layer's is the bf16 router input: DTensor TP gathers it for the router)
+    column_inputs = gemm_input * h + (ACT_BYTES if is_moe else gemm_input) * h
     return LayerActivationTerms(seq=seq, tp=tp_bytes, routed=routed, score=score,
                                 heads_per_gpu=model.heads / tp, op_seq=op_seq, op_tp=op_tp,
                                 column_inputs=column_inputs)
@@ -218,6 +220,7 @@ def activation_bytes_per_layer(
     recompute: Recompute | None = None,
     fp8: bool = False,
     selective_policy: SelectivePolicy = "attention",
+    gathered_column_inputs: bool = False,
 ) -> float:
     """Activation bytes one GPU saves for one layer and one micro-batch (Korthikanti et al. 2022, Table 2).
 
@@ -236,6 +239,7 @@ def activation_bytes_per_layer(
         micro_batch=micro_batch,
         recompute=layout.recompute if recompute is None else recompute,
         selective_policy=selective_policy,
+        gathered_column_inputs=gathered_column_inputs,
     )
 
 

@@ -63,8 +63,8 @@ class LayerCompute:
     #: torchtitan's op-level selective checkpointing recomputes
     alternate_matmul_fwd_s: float = 0.0
     alternate_matmul_flops_fwd: float = 0.0
-    #: forward seconds of the column-parallel GEMMs of the attention block (QKV) and the dense MLP (up/gate; 0
-    #: for a MoE layer): their backward hides the block's tensor-parallel input-gradient reduction
+    #: forward seconds of the column-parallel GEMMs of the attention block (QKV) and of the MLP (up/gate: the dense
+    #: MLP's, a MoE layer's shared experts', else 0): their backward hides the block's TP input-gradient reduction
     qkv_gemm_fwd_s: float = 0.0
     mlp_up_gemm_fwd_s: float = 0.0
 
@@ -165,7 +165,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         gemm_flops += 2 * tokens * moe.top_k * (up_matrices + 1) * h * f / tp
         if moe.shared_experts:
             fs = f * moe.shared_experts
-            gemm_s += gemm_time_s(tokens, up_matrices * fs / tp, h, gemm_peak, calibration, precision)
+            up_s = gemm_time_s(tokens, up_matrices * fs / tp, h, gemm_peak, calibration, precision)
+            gemm_s += up_s
             gemm_s += gemm_time_s(tokens, h, fs / tp, gemm_peak, calibration, precision)
             gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
         router_flops = 2 * tokens * h * moe.experts

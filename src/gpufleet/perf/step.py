@@ -58,9 +58,9 @@ class StepOptions:
 
     placement: Placement = "block"
     tp_comm_overlap: bool = False  # userbuffers TP overlap (off by default in Megatron-LM)
-    #: Megatron overlaps a column-parallel GEMM's backward input-gradient reduction with its weight-gradient GEMM
-    #: (and, under SP, the input re-gather with the data-gradient GEMM); on by default there and in
-    #: Megatron-DeepSpeed; PyTorch's DTensor TP (torchtitan without AsyncTP) runs them in line
+    #: Megatron overlaps a column-parallel GEMM's backward input-gradient all-reduce with its weight-gradient GEMM
+    #: (--no-async-tensor-model-parallel-allreduce turns it off; under SP it always overlaps the reduce-scatter);
+    #: PyTorch's DTensor TP (torchtitan without AsyncTP) and the 2021 Megatron stacks run it in line
     tp_async_backward: bool = True
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
     ep_imbalance: float = 1.2  # slowest expert rank / mean under top-k routing (judgement)
@@ -337,31 +337,35 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         (an all-gather or a reduce-scatter moves half what an all-reduce moves). Forward (and a recomputed
         forward): one all-reduce, or SP's all-gather + reduce-scatter. Backward: the column GEMM's input gradient
         is all-reduced (reduce-scattered under SP) and, under SP, the row GEMM's output gradient all-gathered.
-        Megatron (and Megatron-DeepSpeed) keep only the sharded input under SP and re-gather it during the
-        data-gradient GEMM; they also overlap the input-gradient reduction with the weight-gradient GEMM
-        (LinearWithGradAccumulationAndAsyncCommunication; on unless --no-async-tensor-model-parallel-allreduce:
-        `tp_async_backward`). DTensor TP keeps the gathered input (`MemoryAssumptions.tp_gathered_inputs`) and
-        runs the reduction in line. Each window is about the column GEMM's forward time. torchtitan's op-level
-        selective checkpointing saves reduce-scatter outputs but re-runs the all-gather before the column GEMM
-        (the all-reduce without SP)."""
+        Megatron (and Megatron-DeepSpeed) keep only the sharded input under SP, re-gather it during the
+        data-gradient GEMM and reduce-scatter the input gradient during the weight-gradient GEMM
+        (LinearWithGradAccumulationAndAsyncCommunication); without SP they all-reduce it during the
+        weight-gradient GEMM unless --no-async-tensor-model-parallel-allreduce (`tp_async_backward`). DTensor TP
+        keeps the gathered input (`MemoryAssumptions.tp_gathered_inputs`) and runs the reduction in line. Each
+        window is about the column GEMM's forward time. torchtitan's op-level selective checkpointing saves
+        reduce-scatter outputs but re-runs the all-gather before the column GEMM (the all-reduce without SP)."""
         if layout.tp <= 1:
             return 0.0, 0.0
         exposed = (1 + recomputed + (0.5 if sp else 0.0)) * tp_cost.time_s
         if layout.recompute == "selective" and options.memory.selective_policy == "op":
             exposed += (0.5 if sp else 1.0) * tp_cost.time_s
         input_grad = (0.5 if sp else 1.0) * tp_cost.time_s
-        regather = 0.5 * tp_cost.time_s if sp and not options.memory.tp_gathered_inputs else 0.0
+        megatron_sp = sp and not options.memory.tp_gathered_inputs
+        regather = 0.5 * tp_cost.time_s if megatron_sp else 0.0
         hidden = min(regather, column_gemm_fwd_s)
-        if options.tp_async_backward:
+        if options.tp_async_backward or megatron_sp:
             hidden += min(input_grad, column_gemm_fwd_s)
         return exposed + input_grad + regather - hidden, hidden
 
     def tp_layer_s(compute: LayerCompute | None, moe: bool) -> tuple[float, float]:
-        """A layer's TP seconds: attention and MLP blocks; a MoE layer's experts gather over etp instead (below)."""
+        """A layer's TP seconds: attention and MLP blocks. A MoE layer's routed experts gather over etp instead
+        (below); its shared experts are a TP MLP of their own, and DTensor TP gathers the MoE input for the router
+        and reduce-scatters the output (one block either way)."""
         if compute is None:
             return 0.0, 0.0
         attention = tp_block_s(compute.qkv_gemm_fwd_s)
-        mlp = (0.0, 0.0) if moe else tp_block_s(compute.mlp_up_gemm_fwd_s)
+        mlp_block = not moe or bool(model.moe and model.moe.shared_experts) or options.memory.tp_gathered_inputs
+        mlp = tp_block_s(compute.mlp_up_gemm_fwd_s) if mlp_block else (0.0, 0.0)
         return attention[0] + mlp[0], attention[1] + mlp[1]
 
     (tp_per_layer_s, tp_hidden_per_layer_s) = tp_layer_s(dense_layer, False)

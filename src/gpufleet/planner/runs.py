@@ -228,6 +228,7 @@ class StackRecipe:
     vpps: tuple[int, ...] | None = None
     tp_async_backward: bool | None = None
     tp_gathered_inputs: bool | None = None
+    sequence_parallel: bool | None = None  # fills a run's null sequence_parallel
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -273,16 +274,20 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("llm-foundry", StackRecipe(attention_kernel="flash-v1", reason=(
         "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
         "(scripts/train/benchmarking/submit_benchmarks.py)"))),
-    ("ptd-p", StackRecipe(attention_kernel="materialized", tp_async_backward=False, reason=(
+    ("ptd-p", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False, reason=(
         "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores; its column-parallel layers "
         "all-reduced the input gradient in line (copy_to_tensor_model_parallel_region), before Megatron-LM's "
-        "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022)"))),
-    ("bigscience", StackRecipe(attention_kernel="materialized", tp_async_backward=False, reason=(
+        "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022) and sequence "
+        "parallelism (Korthikanti et al., 2022)"))),
+    ("bigscience", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
+                               reason=(
         "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax; its fork's ColumnParallelLinear all-reduces "
-        "the input gradient in line (bigscience-workshop/Megatron-DeepSpeed megatron/mpu/layers.py)"))),
-    ("2201.11990", StackRecipe(attention_kernel="materialized", tp_async_backward=False, reason=(
+        "the input gradient in line and has no sequence parallelism (bigscience-workshop/Megatron-DeepSpeed "
+        "megatron/mpu/layers.py)"))),
+    ("2201.11990", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
+                               reason=(
         "MT-NLG 530B trained in 2021 on Megatron-DeepSpeed of the same lineage as BLOOM's fork: fused "
-        "scale-mask-softmax, in-line TP all-reduce in the column-parallel backward"))),
+        "scale-mask-softmax, in-line TP all-reduce in the column-parallel backward, no sequence parallelism"))),
     # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
     ("25.09 nemo container", replace(_MEGATRON_BRIDGE_RECIPE, moe_dropless=False)),
     ("megatron-bridge", _MEGATRON_BRIDGE_RECIPE),

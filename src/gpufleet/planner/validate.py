@@ -107,6 +107,8 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         if recipe is not None:  # what the stack is documented to use is not the planner's to choose
             if recipe.sharding is not None and fixed["sharding"] is None:
                 fixed["sharding"] = recipe.sharding
+            if recipe.sequence_parallel is not None and fixed["sequence_parallel"] is None:
+                fixed["sequence_parallel"] = recipe.sequence_parallel
             if job.model.moe is not None and recipe.expert_tp is not None:
                 fixed["expert_tp"] = recipe.expert_tp
             local_batches = (given.dp or 1) * (given.pp or 1)  # tp, pp, dp are known here
