@@ -28,6 +28,20 @@ def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
         assert plan["time_to_train_s"] >= plan["train_time_s"]
 
 
+def test_stack_applies_a_frameworks_documented_settings() -> None:
+    # torchtitan: FSDP2's fp32 parameters, op-level selective checkpointing, DTensor TP; an explicit flag wins.
+    done = gpufleet("plan", "--stack", "torchtitan", "--overlap-tp", "--top", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    framework = json.loads(done.stdout)["framework"]
+    assert framework["stack"] == "torchtitan" and framework["fp32_params"] and framework["selective_policy"] == "op"
+    assert framework["tp_gathered_inputs"] and not framework["tp_async_backward"]
+    assert framework["tp_comm_overlap"]  # --overlap-tp on top of the stack
+    bridge = json.loads(gpufleet("plan", "--stack", "megatron-bridge", "--top", "1", "--json").stdout)["framework"]
+    assert bridge["attention_kernel"] == "cudnn" and bridge["grad_dtype"] == "bf16" and bridge["tp_comm_overlap"]
+    plain = json.loads(gpufleet("plan", "--top", "1", "--json").stdout)["framework"]
+    assert plain["stack"] is None and plain["grad_dtype"] == "fp32" and plain["selective_policy"] == "attention"
+
+
 def test_dtensor_tp_shows_the_reductions_megatron_hides() -> None:
     # Llama 3 70B on 64 H100s plans tp 2 + SP first. At tp 2 each column GEMM outlasts its backward collectives, so
     # Megatron hides them; in line (DTensor TP) they add to the step. (Not a law: under SP Megatron also re-gathers
@@ -79,6 +93,7 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "--topology", "torus"],
     ["plan", "--ep-dispatch", "ring"],
     ["plan", "--selective-policy", "some"],
+    ["plan", "--stack", "megatron"],
     ["plan", "--explain", "99", "--top", "3"],
     ["validate", "--runs", "/nonexistent.yaml"],
 ])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpufleet.catalog.registry import load_catalog
+from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import collective_cost
 from gpufleet.fabric.placement import group_span
 from gpufleet.fabric.topology import Cluster, Fabric
@@ -79,6 +80,16 @@ def test_published_accuracy(published: dict[str, object], published_predictions:
     outlier = published_predictions[SMALL_EXPERT_DROPLESS_RUN]
     assert outlier.layout is not None and outlier.layout.recompute == "none" and outlier.layout.sharding == "zero1"
     assert outlier.error is not None and 0.5 < outlier.error < 1.1
+
+
+def test_every_plan_stack_names_a_recipe() -> None:
+    from gpufleet.planner.runs import PLAN_STACKS, STACK_RECIPES, plan_stack_recipe
+
+    keys = {key for key, _ in STACK_RECIPES}
+    assert set(PLAN_STACKS.values()) <= keys
+    assert plan_stack_recipe("deepseek-v3").ep_dispatch == "node-dedup"
+    with pytest.raises(InputError, match="megatron-bridge"):
+        plan_stack_recipe("megatron")
 
 
 def test_stacks_before_megatrons_async_tp_all_reduce_run_it_in_line() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -16,10 +17,11 @@ from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
-from gpufleet.parallel.layout import SELECTIVE_POLICIES, SelectivePolicy, expert_parallel_degrees
-from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryAssumptions
+from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
+from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
+from gpufleet.planner.runs import PLAN_STACKS, plan_stack_recipe, recipe_step_options
 from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import write_series_plot
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
@@ -81,8 +83,19 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
                     "oversubscription": cluster.fabric.oversubscription},
         "search": {"tried": result.search.tried, "feasible": len(result.search.feasible),
                    "infeasible": dict(result.search.infeasible)},
+        "framework": framework_to_dict(result.request),
         "plans": [plan_to_dict(p, result) for p in result.plans],
     }
+
+
+def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
+    """The framework behaviours the plan assumed (`--stack` and the overlap/recompute flags)."""
+    options, memory = request.options, request.options.memory
+    return {"stack": request.stack, "attention_kernel": request.attention_kernel,
+            "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
+            "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
+            "ep_dispatch": options.ep_dispatch, "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
+            "selective_policy": memory.selective_policy}
 
 
 def _days(seconds: float) -> str:
@@ -97,6 +110,8 @@ def render_result(console: Console, result: PlanResult) -> None:
         f"({cluster.node.id}, {cluster.fabric.network.id} {cluster.fabric.kind} "
         f"{cluster.fabric.oversubscription:g}:1)"
     )
+    if result.request.stack:
+        console.print(f"framework: {result.request.stack}'s documented settings (--json: \"framework\")")
     reasons = ", ".join(f"{n} {r}" for r, n in result.search.infeasible.most_common())
     console.print(f"layouts tried {result.search.tried}: {len(result.search.feasible)} fit; "
                   f"rejected: {reasons or 'none'}")
@@ -181,12 +196,15 @@ def register(app: typer.Typer) -> None:
                                         "only the shard."),
         overlap_ep: bool = typer.Option(False, "--overlap-ep", help="The expert all-to-all runs while another "
                                         "micro-batch computes (DualPipe, Megatron-Core's EP overlap)."),
-        ep_dispatch: str = typer.Option("all-to-all", "--ep-dispatch", help="all-to-all (one copy per routed "
-                                        "expert) or node-dedup (a token crosses the network once per destination "
+        ep_dispatch: str = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; the "
+                                        "default) or node-dedup (a token crosses the network once per destination "
                                         "node: DeepEP, HybridEP)."),
-        selective_policy: str = typer.Option("attention", "--selective-policy", help="What selective recompute "
-                                             "keeps: attention (Megatron: all but the attention core) or op "
+        selective_policy: str = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
+                                             "attention (Megatron: all but the attention core; the default) or op "
                                              "(torchtitan's op-level checkpointing: every second matmul output)."),
+        stack: str = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
+                                  f"kernel, overlaps, gradient dtype, recompute policy): {', '.join(PLAN_STACKS)}. "
+                                  "Explicit flags override it. Default: Megatron-LM's defaults."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -210,9 +228,9 @@ def register(app: typer.Typer) -> None:
             raise InputError("--seq and --global-batch must be positive")
         if fabric_model not in ("analytical", "sim"):
             raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
-        if ep_dispatch not in ("all-to-all", "node-dedup"):
+        if ep_dispatch is not None and ep_dispatch not in ("all-to-all", "node-dedup"):
             raise InputError(f"--ep-dispatch must be all-to-all or node-dedup, got {ep_dispatch!r}")
-        if selective_policy not in SELECTIVE_POLICIES:
+        if selective_policy is not None and selective_policy not in SELECTIVE_POLICIES:
             raise InputError(f"--selective-policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
                              f"got {selective_policy!r}")
         if budget is not None and budget <= 0:
@@ -229,17 +247,37 @@ def register(app: typer.Typer) -> None:
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
-                           options=StepOptions(tp_comm_overlap=overlap_tp, tp_async_backward=not dtensor_tp,
-                                               ep_comm_overlap=overlap_ep,
-                                               ep_dispatch=cast(Literal["all-to-all", "node-dedup"], ep_dispatch),
-                                               memory=MemoryAssumptions(
-                                                   selective_policy=cast(SelectivePolicy, selective_policy),
-                                                   tp_gathered_inputs=dtensor_tp)))
+                           **_framework(stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy))
         if len(counts) == 1 and deadline_s is None:
             result = _plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report)
             return
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
+
+    def _framework(stack: str | None, overlap_tp: bool, dtensor_tp: bool, overlap_ep: bool, ep_dispatch: str | None,
+                   selective_policy: str | None) -> dict[str, Any]:
+        """PlanRequest's `options` and `attention_kernel`: the stack's documented settings, then explicit flags."""
+        options = StepOptions()
+        attention_kernel = None
+        if stack is not None:
+            recipe = plan_stack_recipe(stack)
+            options = recipe_step_options(recipe, options)
+            attention_kernel = recipe.attention_kernel
+        step: dict[str, Any] = {}
+        memory: dict[str, Any] = {}
+        if overlap_tp:
+            step["tp_comm_overlap"] = True
+        if dtensor_tp:
+            step["tp_async_backward"] = False
+            memory["tp_gathered_inputs"] = True
+        if overlap_ep:
+            step["ep_comm_overlap"] = True
+        if ep_dispatch is not None:
+            step["ep_dispatch"] = ep_dispatch
+        if selective_policy is not None:
+            memory["selective_policy"] = selective_policy
+        options = replace(options, **step, memory=replace(options.memory, **memory))
+        return {"options": options, "attention_kernel": attention_kernel, "stack": stack}
 
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""

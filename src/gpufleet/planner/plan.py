@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gpufleet.catalog.calibration import AttentionKernel
 from gpufleet.catalog.records import Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run import RunEconomics, run_economics
@@ -47,6 +48,9 @@ class PlanRequest:
     rank_by: RankBy = "time"
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim re-ranks the top plans by simulation
     options: StepOptions = field(default_factory=StepOptions)
+    #: the attention kernel the framework uses where the GPU's calibration says FA2-class (a stack's choice)
+    attention_kernel: AttentionKernel | None = None
+    stack: str | None = None  # the `plan --stack` name whose settings `options` carry (for the report)
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     gpu = cluster.gpu
     gpu.peak_flops(job.precision)  # fail early on an unsupported precision
     calibration = catalog.calibration(gpu.id)
+    if request.attention_kernel is not None and calibration.attention_kernel == "flash":
+        calibration = calibration.model_copy(update={"attention_kernel": request.attention_kernel})
     found = search(job, cluster, calibration, space=SearchSpace(), options=request.options, progress=progress)
     if not found.feasible:
         raise InfeasibleError(describe_no_fit(found, cluster))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
-from gpufleet.errors import CatalogError
+from gpufleet.errors import CatalogError, InputError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, SelectivePolicy, Sharding
 from gpufleet.parallel.memory import GradDtype
@@ -334,12 +334,36 @@ def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:
     return None
 
 
+#: Stacks `plan --stack` offers, by the name a user knows them by, and the STACK_RECIPES key of each.
+PLAN_STACKS: dict[str, str] = {
+    "megatron-core": "megatron-core",
+    "megatron-bridge": "megatron-bridge",
+    "nemo": "nemo framework",
+    "nemo-automodel": "nemo automodel",
+    "torchtitan": "torchtitan",
+    "llm-foundry": "llm-foundry",
+    "deepseek-v3": "2412.19437",
+    "megatron-deepspeed-2021": "bigscience",
+}
+
+
+def plan_stack_recipe(name: str) -> StackRecipe:
+    """The recipe of a `plan --stack` name; InputError naming the choices for any other."""
+    key = PLAN_STACKS.get(name)
+    if key is None:
+        raise InputError(f"--stack {name!r} is not one of {', '.join(PLAN_STACKS)}")
+    return dict(STACK_RECIPES)[key]
+
+
 def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
     """`options` with the settings the run's stack is known to have used (STACK_RECIPES)."""
     options = options or StepOptions()
     recipe = stack_recipe(run)
-    if recipe is None:
-        return options
+    return options if recipe is None else recipe_step_options(recipe, options)
+
+
+def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOptions:
+    """`options` with the step and memory settings `recipe` states (the rest kept)."""
     step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch",
                    "tp_async_backward")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
