@@ -47,6 +47,16 @@ def test_torchtitan_selective_policy_keeps_less() -> None:
     assert megatron - titan == pytest.approx((139392 - 63616) * 16384 * 31)
 
 
+def test_stack_torchtitan_reproduces_its_measured_peak() -> None:
+    # torchtitan's Table 1 (benchmarks/llama3_h100_202412_torchtitan.md): Llama 3.1 8B, FSDP over 8 H100 96GB,
+    # local batch 2 x 8192, selective (op) checkpointing, eager: 82.4 GiB peak reserved.
+    done = gpufleet("memory", "--model", "llama3-8b", "--gpu", "h100-sxm-96gb", "--gpus", "8", "--seq", "8192",
+                    "--micro-batch", "2", "--global-batch", "16", "--sharding", "fsdp", "--recompute", "selective",
+                    "--stack", "torchtitan", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["peak_bytes"] / 2**30 == pytest.approx(82.4, rel=0.10)
+
+
 def test_dtensor_tp_keeps_gathered_inputs() -> None:
     # Llama 3 8B, tp 2 + SP, 4096 tokens: DTensor keeps QKV's and the MLP's gathered inputs, 1/2 x 4096 x 2 x 2 x 4096
     # bytes more per layer than Megatron's shards, over 32 layers.
@@ -125,6 +135,7 @@ def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
          "mixture-of-experts"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "most"), "selective"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "op"), "--recompute"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", "megatron"), "torchtitan"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], needle: str) -> None:

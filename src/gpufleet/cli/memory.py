@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +24,8 @@ from gpufleet.parallel.layout import (
     validate_layout,
 )
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryAssumptions, MemoryBreakdown, memory_per_stage
+from gpufleet.perf.step import StepOptions
+from gpufleet.planner.runs import PLAN_STACKS, plan_stack_recipe, recipe_step_options
 
 GIB = 2**30
 _KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
@@ -78,9 +81,13 @@ def register(app: typer.Typer) -> None:
         ),
         recompute: str = typer.Option("none", "--recompute", help=f"One of {', '.join(RECOMPUTES)}."),
         selective_policy: str = typer.Option(
-            "attention", "--selective-policy", help="What --recompute selective keeps: attention (Megatron: "
-            "everything but the attention core) or op (torchtitan's op-level checkpointing: the block input, the "
+            None, "--selective-policy", help="What --recompute selective keeps: attention (Megatron: everything but "
+            "the attention core; the default) or op (torchtitan's op-level checkpointing: the block input, the "
             "attention output and every second matmul output)."
+        ),
+        stack: str = typer.Option(
+            None, "--stack", help=f"A framework's documented memory settings (gradient dtype, FSDP2's fp32 "
+            f"parameters, recompute policy, DTensor TP): {', '.join(PLAN_STACKS)}. Explicit flags override it."
         ),
         recompute_layers: int | None = typer.Option(
             None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many layers of each "
@@ -118,8 +125,9 @@ def register(app: typer.Typer) -> None:
         spec = cat.model(model)
         gpu_spec = cat.gpu(gpu)
         _choice(recompute, RECOMPUTES, "recompute")
-        _choice(selective_policy, SELECTIVE_POLICIES, "selective policy")
-        if selective_policy != "attention" and recompute != "selective":
+        if selective_policy is not None:
+            _choice(selective_policy, SELECTIVE_POLICIES, "selective policy")
+        if selective_policy not in (None, "attention") and recompute != "selective":
             raise InputError(f"--selective-policy {selective_policy} applies to --recompute selective, "
                              f"not {recompute}")
         _choice(sharding, SHARDINGS, "sharding")
@@ -149,8 +157,12 @@ def register(app: typer.Typer) -> None:
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
-        assumptions = MemoryAssumptions(selective_policy=cast(SelectivePolicy, selective_policy),
-                                        tp_gathered_inputs=dtensor_tp)
+        assumptions = recipe_step_options(plan_stack_recipe(stack), StepOptions()).memory if stack else (
+            MemoryAssumptions())
+        if selective_policy is not None:
+            assumptions = replace(assumptions, selective_policy=cast(SelectivePolicy, selective_policy))
+        if dtensor_tp:
+            assumptions = replace(assumptions, tp_gathered_inputs=True)
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
         data = _report(stages, gpu_spec.hbm_bytes)

@@ -229,6 +229,7 @@ class StackRecipe:
     tp_async_backward: bool | None = None
     tp_gathered_inputs: bool | None = None
     sequence_parallel: bool | None = None  # fills a run's null sequence_parallel
+    logits_bytes_per_element: float | None = None  # unfused fp32 cross-entropy keeps ~12 (docs/memory.md)
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -258,7 +259,7 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
         "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy"))),
     ("torchtitan", StackRecipe(
         fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2),
-        tp_async_backward=False, tp_gathered_inputs=True, reason=(
+        tp_async_backward=False, tp_gathered_inputs=True, logits_bytes_per_element=12.0, reason=(
             "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
             "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
             "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
@@ -267,7 +268,8 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
             "are pipeline ranks unless told otherwise ('pipeline_parallel_microbatches or parallel_dims.pp') and "
             "gives looped (interleaved) schedules 2 stages per rank by default (generate_split_points); its "
             "DTensor tensor parallelism runs the backward's collectives in line (only AsyncTP overlaps them) and "
-            "autograd keeps each column GEMM's all-gathered input for its backward"))),
+            "autograd keeps each column GEMM's all-gathered input for its backward; its loss upcasts the logits "
+            "(cross_entropy(pred.flatten(0, 1).float(), ...): ~12 bytes per logit, docs/memory.md)"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
@@ -368,7 +370,8 @@ def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOption
                    "tp_async_backward")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
     memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params", "selective_policy",
-                                                                         "tp_gathered_inputs")
+                                                                         "tp_gathered_inputs",
+                                                                         "logits_bytes_per_element")
                               if getattr(recipe, name) is not None}
     if memory:
         changes["memory"] = replace(options.memory, **memory)
