@@ -136,6 +136,8 @@ def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "most"), "selective"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "op"), "--recompute"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", "megatron"), "torchtitan"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", "torchtitan", "--offload-activations",
+          "4"), "CPU memory"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], needle: str) -> None:

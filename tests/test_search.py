@@ -127,6 +127,10 @@ def test_a_layout_that_needs_recompute_recomputes_or_offloads_only_the_layers_it
     assert count is not None and not isinstance(
         evaluate(job, offload.layout.with_(offload_activation_layers=count - 1), tight, CAL), Candidate)
     assert offload.step.parts["offload.activations"].exposed_s > 0
+    # a stack without activation offload (PyTorch FSDP2) gets only the block-recompute variant
+    no_offload = search(job, tight, CAL, fixed=fixed, space=SearchSpace(activation_offload=False))
+    assert all(c.layout.offload_activation_layers is None for c in no_offload.feasible)
+    assert no_offload.best is not None and no_offload.best.layout == best.layout
     # a run that says "full" keeps every layer recomputed
     pinned = search(job, tight, CAL, fixed={**fixed, "recompute": "full"})
     assert all(c.layout.recompute_layers is None for c in pinned.feasible)

@@ -157,8 +157,12 @@ def register(app: typer.Typer) -> None:
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
-        assumptions = recipe_step_options(plan_stack_recipe(stack), StepOptions()).memory if stack else (
-            MemoryAssumptions())
+        assumptions = MemoryAssumptions()
+        if stack:
+            recipe = plan_stack_recipe(stack)
+            if recipe.activation_offload is False and offload_activations:
+                raise InputError(f"--offload-activations: {stack} cannot keep activations in CPU memory")
+            assumptions = recipe_step_options(recipe, StepOptions()).memory
         if selective_policy is not None:
             assumptions = replace(assumptions, selective_policy=cast(SelectivePolicy, selective_policy))
         if dtensor_tp:

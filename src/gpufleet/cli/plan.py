@@ -95,7 +95,7 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
             "ep_dispatch": options.ep_dispatch, "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
-            "selective_policy": memory.selective_policy}
+            "selective_policy": memory.selective_policy, "activation_offload": request.activation_offload}
 
 
 def _days(seconds: float) -> str:
@@ -259,10 +259,12 @@ def register(app: typer.Typer) -> None:
         """PlanRequest's `options` and `attention_kernel`: the stack's documented settings, then explicit flags."""
         options = StepOptions()
         attention_kernel = None
+        activation_offload = True
         if stack is not None:
             recipe = plan_stack_recipe(stack)
             options = recipe_step_options(recipe, options)
             attention_kernel = recipe.attention_kernel
+            activation_offload = recipe.activation_offload is not False
         step: dict[str, Any] = {}
         memory: dict[str, Any] = {}
         if overlap_tp:
@@ -277,7 +279,8 @@ def register(app: typer.Typer) -> None:
         if selective_policy is not None:
             memory["selective_policy"] = selective_policy
         options = replace(options, **step, memory=replace(options.memory, **memory))
-        return {"options": options, "attention_kernel": attention_kernel, "stack": stack}
+        return {"options": options, "attention_kernel": attention_kernel, "stack": stack,
+                "activation_offload": activation_offload}
 
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""

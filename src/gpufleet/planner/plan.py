@@ -51,6 +51,7 @@ class PlanRequest:
     #: the attention kernel the framework uses where the GPU's calibration says FA2-class (a stack's choice)
     attention_kernel: AttentionKernel | None = None
     stack: str | None = None  # the `plan --stack` name whose settings `options` carry (for the report)
+    activation_offload: bool = True  # the framework can keep activations in CPU memory (Megatron-Core)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     calibration = catalog.calibration(gpu.id)
     if request.attention_kernel is not None and calibration.attention_kernel == "flash":
         calibration = calibration.model_copy(update={"attention_kernel": request.attention_kernel})
-    found = search(job, cluster, calibration, space=SearchSpace(), options=request.options, progress=progress)
+    found = search(job, cluster, calibration, space=SearchSpace(activation_offload=request.activation_offload),
+                   options=request.options, progress=progress)
     if not found.feasible:
         raise InfeasibleError(describe_no_fit(found, cluster))
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM

@@ -230,6 +230,7 @@ class StackRecipe:
     tp_gathered_inputs: bool | None = None
     sequence_parallel: bool | None = None  # fills a run's null sequence_parallel
     logits_bytes_per_element: float | None = None  # unfused fp32 cross-entropy keeps ~12 (docs/memory.md)
+    activation_offload: bool | None = None  # False: the stack cannot keep activations in CPU memory
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -254,12 +255,14 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="node-dedup", reason=(
         "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
         "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
-    ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", fp32_params=True, reason=(
+    ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", fp32_params=True, activation_offload=False, reason=(
         "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
-        "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy"))),
+        "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy, "
+        "and has no CPU offloading of activations (Megatron-Core's)"))),
     ("torchtitan", StackRecipe(
         fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2),
-        tp_async_backward=False, tp_gathered_inputs=True, logits_bytes_per_element=12.0, reason=(
+        tp_async_backward=False, tp_gathered_inputs=True, logits_bytes_per_element=12.0, activation_offload=False,
+        reason=(
             "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
             "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
             "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
@@ -269,7 +272,8 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
             "gives looped (interleaved) schedules 2 stages per rank by default (generate_split_points); its "
             "DTensor tensor parallelism runs the backward's collectives in line (only AsyncTP overlaps them) and "
             "autograd keeps each column GEMM's all-gathered input for its backward; its loss upcasts the logits "
-            "(cross_entropy(pred.flatten(0, 1).float(), ...): ~12 bytes per logit, docs/memory.md)"))),
+            "(cross_entropy(pred.flatten(0, 1).float(), ...): ~12 bytes per logit, docs/memory.md); its CPU "
+            "offload (enable_cpu_offload) moves FSDP2's parameters and optimizer, not activations"))),
     ("2407.21783", StackRecipe(sharding="zero2", reason=(
         "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
         "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),

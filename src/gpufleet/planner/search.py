@@ -45,6 +45,8 @@ class SearchSpace:
     #: (Megatron's block recompute, --recompute-num-layers) and, at pp = 1, offloading just enough layers'
     #: activations to CPU memory (--cpu-offloading-num-layers)
     partial_recompute: bool = True
+    #: the framework can keep activations in CPU memory (Megatron-Core's --cpu-offloading; not PyTorch FSDP2 stacks)
+    activation_offload: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +184,7 @@ def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, 
 
 
 def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: CalibrationProfile,
-                      options: StepOptions, hbm_tolerance: float) -> list[Candidate]:
+                      options: StepOptions, hbm_tolerance: float, offload: bool = True) -> list[Candidate]:
     """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
     fewest layers per pipeline chunk (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link
     is known, CPU offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
@@ -192,12 +194,12 @@ def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: 
                            lambda k: full.layout.with_(recompute_layers=k), chunk - 1)
     if block is not None:
         found.append(block)
-    if full.layout.pp == 1 and cluster.gpu.host_link_gbytes_per_s is not None:
+    if offload and full.layout.pp == 1 and cluster.gpu.host_link_gbytes_per_s is not None:
         plain = _without_recompute(full.layout)
-        offload = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
-                                 lambda k: plain.with_(offload_activation_layers=k), job.model.layers - 1)
-        if offload is not None:
-            found.append(offload)
+        offloaded = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
+                                   lambda k: plain.with_(offload_activation_layers=k), job.model.layers - 1)
+        if offloaded is not None:
+            found.append(offloaded)
     return found
 
 
@@ -210,7 +212,8 @@ CHEAPER_VARIANT_RANKS = 10
 
 
 def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[Candidate], cluster: Cluster,
-                          calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float) -> int:
+                          calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float,
+                          offload: bool = True) -> int:
     """Append the block-recompute and offload variants of the `full_only` candidates (they fit only with every layer
     recomputed) that could rank among the fastest plans; return how many were added. The floor on any variant's
     step is its layout's step without recompute (a variant adds recompute or host copies to it), and a floor on
@@ -228,7 +231,7 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[C
         full = full_only[index]
         if estimate_step(job, _without_recompute(full.layout), cluster, calibration, options).step_s >= threshold:
             continue
-        for variant in _cheaper_variants(job, full, cluster, calibration, options, hbm_tolerance):
+        for variant in _cheaper_variants(job, full, cluster, calibration, options, hbm_tolerance, offload):
             added += 1
             feasible.append(variant)
             insort(ranked, variant.step.step_s)
@@ -272,7 +275,8 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
                     unfit_without_recompute.add(layout)
         if progress is not None and tried % 256 == 0:
             progress(tried)
-    tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, hbm_tolerance)
+    tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, hbm_tolerance,
+                                   space.activation_offload)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])

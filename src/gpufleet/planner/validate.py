@@ -116,7 +116,9 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                     and run.global_batch % local_batches == 0):
                 fixed["micro_batch"] = run.global_batch // local_batches
             if recipe.vpps is not None:
-                space = replace(FILL_SPACE, vpps=recipe.vpps)
+                space = replace(space, vpps=recipe.vpps)
+            if recipe.activation_offload is False:
+                space = replace(space, activation_offload=False)
         if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
             fixed["expert_tp"] = given.expert_tp
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
