@@ -280,18 +280,19 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("llm-foundry", StackRecipe(attention_kernel="flash-v1", reason=(
         "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
         "(scripts/train/benchmarking/submit_benchmarks.py)"))),
-    ("ptd-p", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False, reason=(
+    ("ptd-p", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
+                          activation_offload=False, reason=(
         "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores; its column-parallel layers "
         "all-reduced the input gradient in line (copy_to_tensor_model_parallel_region), before Megatron-LM's "
         "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022) and sequence "
-        "parallelism (Korthikanti et al., 2022)"))),
+        "parallelism (Korthikanti et al., 2022); no CPU activation offloading (Megatron-Core, 2024)"))),
     ("bigscience", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                               reason=(
+                               activation_offload=False, reason=(
         "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax; its fork's ColumnParallelLinear all-reduces "
         "the input gradient in line and has no sequence parallelism (bigscience-workshop/Megatron-DeepSpeed "
         "megatron/mpu/layers.py)"))),
     ("2201.11990", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                               reason=(
+                               activation_offload=False, reason=(
         "MT-NLG 530B trained in 2021 on Megatron-DeepSpeed of the same lineage as BLOOM's fork: fused "
         "scale-mask-softmax, in-line TP all-reduce in the column-parallel backward, no sequence parallelism"))),
     # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
