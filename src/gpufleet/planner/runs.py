@@ -285,7 +285,7 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
         "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores; its column-parallel layers "
         "all-reduced the input gradient in line (copy_to_tensor_model_parallel_region), before Megatron-LM's "
         "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022) and sequence "
-        "parallelism (Korthikanti et al., 2022); no CPU activation offloading (Megatron-Core, 2024)"))),
+        "parallelism (Korthikanti et al., 2022); no CPU activation offloading (a later Megatron-Core feature)"))),
     ("bigscience", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
                                activation_offload=False, reason=(
         "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax; its fork's ColumnParallelLinear all-reduces "
