@@ -30,16 +30,32 @@ def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
 
 def test_stack_applies_a_frameworks_documented_settings() -> None:
     # torchtitan: FSDP2's fp32 parameters, op-level selective checkpointing, DTensor TP; an explicit flag wins.
-    done = gpufleet("plan", "--stack", "torchtitan", "--overlap-tp", "--top", "1", "--json")
+    done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--stack", "torchtitan", "--overlap-tp", "--top", "1",
+                    "--json")
     assert done.returncode == 0, done.stderr
     framework = json.loads(done.stdout)["framework"]
     assert framework["stack"] == "torchtitan" and framework["fp32_params"] and framework["selective_policy"] == "op"
     assert framework["tp_gathered_inputs"] and not framework["tp_async_backward"]
     assert framework["tp_comm_overlap"]  # --overlap-tp on top of the stack
+    assert not framework["activation_offload"]  # FSDP2 keeps no activations in CPU memory
     bridge = json.loads(gpufleet("plan", "--stack", "megatron-bridge", "--top", "1", "--json").stdout)["framework"]
     assert bridge["attention_kernel"] == "cudnn" and bridge["grad_dtype"] == "bf16" and bridge["tp_comm_overlap"]
-    plain = json.loads(gpufleet("plan", "--top", "1", "--json").stdout)["framework"]
-    assert plain["stack"] is None and plain["grad_dtype"] == "fp32" and plain["selective_policy"] == "attention"
+    assert bridge["ep_imbalance"] == 1.0  # force-balanced routing
+    off = json.loads(gpufleet("plan", "--stack", "megatron-bridge", "--no-overlap-tp", "--top", "1",
+                              "--json").stdout)["framework"]
+    assert not off["tp_comm_overlap"]  # a flag can also turn a stack's setting off
+    deepseek = json.loads(gpufleet("plan", "-m", "mixtral-8x7b", "-n", "64", "--stack", "deepseek-v3", "--ep-dispatch",
+                                   "all-to-all", "--top", "1", "--json").stdout)["framework"]
+    assert deepseek["ep_dispatch"] == "all-to-all" and deepseek["ep_comm_overlap"]
+    plain = json.loads(gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--top", "1", "--json").stdout)
+    assert plain["framework"]["stack"] is None and plain["framework"]["grad_dtype"] == "fp32"
+    # the stack reaches the estimate: torchtitan's in-line TP and op-level recompute change the best step
+    assert json.loads(done.stdout)["plans"][0]["step_s"] != plain["plans"][0]["step_s"]
+    # and a sweep: BLOOM's Megatron-DeepSpeed has no sequence parallelism
+    sweep = json.loads(gpufleet("plan", "-m", "llama3-70b", "-n", "64,128", "--stack", "bloom-megatron-deepspeed",
+                                "--json").stdout)
+    assert sweep["framework"]["stack"] == "bloom-megatron-deepspeed"
+    assert all("+sp" not in row["layout"]["label"] for row in sweep["sweep"] if row["fits"])
 
 
 def test_dtensor_tp_shows_the_reductions_megatron_hides() -> None:

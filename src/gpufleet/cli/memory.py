@@ -80,12 +80,12 @@ def register(app: typer.Typer) -> None:
             help="Sequences per optimizer step [default: dp·micro-batch·pp, enough to fill the pipeline].",
         ),
         recompute: str = typer.Option("none", "--recompute", help=f"One of {', '.join(RECOMPUTES)}."),
-        selective_policy: str = typer.Option(
+        selective_policy: str | None = typer.Option(
             None, "--selective-policy", help="What --recompute selective keeps: attention (Megatron: everything but "
             "the attention core; the default) or op (torchtitan's op-level checkpointing: the block input, the "
             "attention output and every second matmul output)."
         ),
-        stack: str = typer.Option(
+        stack: str | None = typer.Option(
             None, "--stack", help=f"A framework's documented memory settings (gradient dtype, FSDP2's fp32 "
             f"parameters, recompute policy, DTensor TP): {', '.join(PLAN_STACKS)}. Explicit flags override it."
         ),
@@ -101,9 +101,10 @@ def register(app: typer.Typer) -> None:
             None, "--expert-tp", min=1, help="MoE: tensor parallelism inside the experts [default: tp when ep "
             "divides dp·cp, else 1]."
         ),
-        dtensor_tp: bool = typer.Option(
-            False, "--dtensor-tp", help="Tensor parallelism as PyTorch DTensor runs it (torchtitan): under sequence "
-            "parallelism each column GEMM keeps its all-gathered input, where Megatron keeps the 1/tp shard."
+        dtensor_tp: bool | None = typer.Option(
+            None, "--dtensor-tp/--megatron-tp", help="Tensor parallelism as PyTorch DTensor runs it (torchtitan): "
+            "under sequence parallelism each column GEMM keeps its all-gathered input; or as Megatron keeps it, the "
+            "1/tp shard [default: Megatron, or the --stack's]."
         ),
         sharding: str = typer.Option("none", "--sharding", help=f"One of {', '.join(SHARDINGS)}."),
         hsdp_group: int = typer.Option(8, "--hsdp-group", min=2, help="FSDP shard-group size for hsdp."),
@@ -127,7 +128,7 @@ def register(app: typer.Typer) -> None:
         _choice(recompute, RECOMPUTES, "recompute")
         if selective_policy is not None:
             _choice(selective_policy, SELECTIVE_POLICIES, "selective policy")
-        if selective_policy not in (None, "attention") and recompute != "selective":
+        if selective_policy is not None and recompute != "selective":
             raise InputError(f"--selective-policy {selective_policy} applies to --recompute selective, "
                              f"not {recompute}")
         _choice(sharding, SHARDINGS, "sharding")
@@ -158,15 +159,15 @@ def register(app: typer.Typer) -> None:
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
         assumptions = MemoryAssumptions()
-        if stack:
+        if stack is not None:
             recipe = plan_stack_recipe(stack)
             if recipe.activation_offload is False and offload_activations:
                 raise InputError(f"--offload-activations: {stack} cannot keep activations in CPU memory")
             assumptions = recipe_step_options(recipe, StepOptions()).memory
         if selective_policy is not None:
             assumptions = replace(assumptions, selective_policy=cast(SelectivePolicy, selective_policy))
-        if dtensor_tp:
-            assumptions = replace(assumptions, tp_gathered_inputs=True)
+        if dtensor_tp is not None:
+            assumptions = replace(assumptions, tp_gathered_inputs=dtensor_tp)
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
         data = _report(stages, gpu_spec.hbm_bytes)

@@ -95,7 +95,10 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
             "ep_dispatch": options.ep_dispatch, "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
-            "selective_policy": memory.selective_policy, "activation_offload": request.activation_offload}
+            "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
+            "moe_dropless": options.moe_dropless, "logits_bytes_per_element": memory.logits_bytes_per_element,
+            "activation_offload": request.activation_offload, "sequence_parallel": request.sequence_parallel,
+            "context_parallel": request.context_parallel}
 
 
 def _days(seconds: float) -> str:
@@ -187,24 +190,27 @@ def register(app: typer.Typer) -> None:
         fabric_model: str = typer.Option("analytical", "--fabric-model",
                                          help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
                                          "with the flow-level simulator on the topology graph."),
-        overlap_tp: bool = typer.Option(False, "--overlap-tp", help="The framework hides tensor-parallel "
-                                        "communication behind GEMMs (Megatron's --tp-comm-overlap, userbuffers)."),
-        dtensor_tp: bool = typer.Option(False, "--dtensor-tp", help="Tensor parallelism as PyTorch DTensor runs it "
-                                        "(torchtitan without AsyncTP): backward collectives in line and, under "
-                                        "sequence parallelism, the gathered GEMM inputs kept, where Megatron hides "
-                                        "the input-gradient reduction under the weight-gradient GEMM and keeps "
-                                        "only the shard."),
-        overlap_ep: bool = typer.Option(False, "--overlap-ep", help="The expert all-to-all runs while another "
-                                        "micro-batch computes (DualPipe, Megatron-Core's EP overlap)."),
-        ep_dispatch: str = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; the "
-                                        "default) or node-dedup (a token crosses the network once per destination "
-                                        "node: DeepEP, HybridEP)."),
-        selective_policy: str = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
+        overlap_tp: bool | None = typer.Option(None, "--overlap-tp/--no-overlap-tp", help="The framework hides "
+                                        "tensor-parallel communication behind GEMMs (Megatron's --tp-comm-overlap, "
+                                        "userbuffers) [default: off, or the --stack's]."),
+        dtensor_tp: bool | None = typer.Option(None, "--dtensor-tp/--megatron-tp", help="Tensor parallelism as PyTorch "
+                                        "DTensor runs it (torchtitan without AsyncTP): backward collectives in line "
+                                        "and, under sequence parallelism, the gathered GEMM inputs kept; or as "
+                                        "Megatron runs it: the input-gradient reduction under the weight-gradient "
+                                        "GEMM, only the shard kept [default: Megatron, or the --stack's]."),
+        overlap_ep: bool | None = typer.Option(None, "--overlap-ep/--no-overlap-ep", help="The expert all-to-all "
+                                               "runs while another micro-batch computes (DualPipe, Megatron-Core's "
+                                               "EP overlap) [default: off, or the --stack's]."),
+        ep_dispatch: str | None = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; "
+                                               "the default) or node-dedup (a token crosses the network once per "
+                                               "destination node: DeepEP, HybridEP)."),
+        selective_policy: str | None = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
                                              "attention (Megatron: all but the attention core; the default) or op "
                                              "(torchtitan's op-level checkpointing: every second matmul output)."),
-        stack: str = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
-                                  f"kernel, overlaps, gradient dtype, recompute policy): {', '.join(PLAN_STACKS)}. "
-                                  "Explicit flags override it. Default: Megatron-LM's defaults."),
+        stack: str | None = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
+                                  "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
+                                  f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
+                                  "override its settings. Default: Megatron-LM's defaults."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -254,33 +260,34 @@ def register(app: typer.Typer) -> None:
             return
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
 
-    def _framework(stack: str | None, overlap_tp: bool, dtensor_tp: bool, overlap_ep: bool, ep_dispatch: str | None,
-                   selective_policy: str | None) -> dict[str, Any]:
+    def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
+                   ep_dispatch: str | None, selective_policy: str | None) -> dict[str, Any]:
         """PlanRequest's `options` and `attention_kernel`: the stack's documented settings, then explicit flags."""
         options = StepOptions()
         attention_kernel = None
-        activation_offload = True
+        capabilities = {"activation_offload": True, "sequence_parallel": True, "context_parallel": True}
         if stack is not None:
             recipe = plan_stack_recipe(stack)
             options = recipe_step_options(recipe, options)
             attention_kernel = recipe.attention_kernel
-            activation_offload = recipe.activation_offload is not False
+            capabilities = {"activation_offload": recipe.activation_offload is not False,
+                            "sequence_parallel": recipe.sequence_parallel is not False,
+                            "context_parallel": recipe.context_parallel is not False}
         step: dict[str, Any] = {}
         memory: dict[str, Any] = {}
-        if overlap_tp:
-            step["tp_comm_overlap"] = True
-        if dtensor_tp:
-            step["tp_async_backward"] = False
-            memory["tp_gathered_inputs"] = True
-        if overlap_ep:
-            step["ep_comm_overlap"] = True
+        if overlap_tp is not None:
+            step["tp_comm_overlap"] = overlap_tp
+        if dtensor_tp is not None:
+            step["tp_async_backward"] = not dtensor_tp
+            memory["tp_gathered_inputs"] = dtensor_tp
+        if overlap_ep is not None:
+            step["ep_comm_overlap"] = overlap_ep
         if ep_dispatch is not None:
             step["ep_dispatch"] = ep_dispatch
         if selective_policy is not None:
             memory["selective_policy"] = selective_policy
         options = replace(options, **step, memory=replace(options.memory, **memory))
-        return {"options": options, "attention_kernel": attention_kernel, "stack": stack,
-                "activation_offload": activation_offload}
+        return {"options": options, "attention_kernel": attention_kernel, "stack": stack, **capabilities}
 
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""
@@ -347,7 +354,7 @@ def register(app: typer.Typer) -> None:
                     progress.update(task, visible=False)
                 else:
                     progress.update(task, visible=True)
-        data: dict[str, Any] = {"sweep": rows}
+        data: dict[str, Any] = {"framework": framework_to_dict(base), "sweep": rows}
         if plot is not None:
             fitting = [row for row in rows if row["fits"]]
             label = f"{base.model} on {base.gpu}"
@@ -366,6 +373,8 @@ def register(app: typer.Typer) -> None:
                  "usd": cheapest["cost"]["offers"][0]["usd"]} if cheapest else None)
 
         def render(console: Console) -> None:
+            if base.stack:
+                console.print(f"framework: {base.stack}'s documented settings (--json: \"framework\")")
             table = Table(title="scaling sweep (best plan per GPU count)", title_justify="left")
             for column in ("GPUs", "layout", "step", "tok/s/GPU", "MFU", "time-to-train"):
                 table.add_column(column, justify="left" if column == "layout" else "right")

@@ -52,6 +52,8 @@ class PlanRequest:
     attention_kernel: AttentionKernel | None = None
     stack: str | None = None  # the `plan --stack` name whose settings `options` carry (for the report)
     activation_offload: bool = True  # the framework can keep activations in CPU memory (Megatron-Core)
+    sequence_parallel: bool = True  # the framework has sequence parallelism
+    context_parallel: bool = True  # the framework has context parallelism
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,10 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     calibration = catalog.calibration(gpu.id)
     if request.attention_kernel is not None and calibration.attention_kernel == "flash":
         calibration = calibration.model_copy(update={"attention_kernel": request.attention_kernel})
-    found = search(job, cluster, calibration, space=SearchSpace(activation_offload=request.activation_offload),
-                   options=request.options, progress=progress)
+    space = SearchSpace(activation_offload=request.activation_offload, sequence_parallel=request.sequence_parallel)
+    if not request.context_parallel:
+        space = replace(space, cps=(1,))
+    found = search(job, cluster, calibration, space=space, options=request.options, progress=progress)
     if not found.feasible:
         raise InfeasibleError(describe_no_fit(found, cluster))
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM

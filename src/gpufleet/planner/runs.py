@@ -231,6 +231,7 @@ class StackRecipe:
     sequence_parallel: bool | None = None  # fills a run's null sequence_parallel
     logits_bytes_per_element: float | None = None  # unfused fp32 cross-entropy keeps ~12 (docs/memory.md)
     activation_offload: bool | None = None  # False: the stack cannot keep activations in CPU memory
+    context_parallel: bool | None = None  # False: the stack has no context parallelism
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
@@ -281,18 +282,18 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
         "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
         "(scripts/train/benchmarking/submit_benchmarks.py)"))),
     ("ptd-p", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                          activation_offload=False, reason=(
+                          activation_offload=False, context_parallel=False, reason=(
         "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores; its column-parallel layers "
         "all-reduced the input gradient in line (copy_to_tensor_model_parallel_region), before Megatron-LM's "
         "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022) and sequence "
         "parallelism (Korthikanti et al., 2022); no CPU activation offloading (a later Megatron-Core feature)"))),
     ("bigscience", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                               activation_offload=False, reason=(
+                               activation_offload=False, context_parallel=False, reason=(
         "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax; its fork's ColumnParallelLinear all-reduces "
         "the input gradient in line and has no sequence parallelism (bigscience-workshop/Megatron-DeepSpeed "
         "megatron/mpu/layers.py)"))),
     ("2201.11990", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                               activation_offload=False, reason=(
+                               activation_offload=False, context_parallel=False, reason=(
         "MT-NLG 530B trained in 2021 on Megatron-DeepSpeed of the same lineage as BLOOM's fork: fused "
         "scale-mask-softmax, in-line TP all-reduce in the column-parallel backward, no sequence parallelism"))),
     # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
@@ -350,7 +351,7 @@ PLAN_STACKS: dict[str, str] = {
     "torchtitan": "torchtitan",
     "llm-foundry": "llm-foundry",
     "deepseek-v3": "2412.19437",
-    "megatron-deepspeed-2021": "bigscience",
+    "bloom-megatron-deepspeed": "bigscience",
 }
 
 

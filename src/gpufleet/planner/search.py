@@ -47,6 +47,8 @@ class SearchSpace:
     partial_recompute: bool = True
     #: the framework can keep activations in CPU memory (Megatron-Core's --cpu-offloading; not PyTorch FSDP2 stacks)
     activation_offload: bool = True
+    #: the framework has sequence parallelism (Megatron since 2022); without it MoE layers cannot use tp > 1
+    sequence_parallel: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,9 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                             for sharding in options("sharding", space.shardings):
                                 for recompute in options("recompute", space.recomputes):
                                     # Megatron-Core requires sequence parallelism for MoE with tp > 1
-                                    sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
+                                    sps = ([False] if tp == 1 else [True] if model.moe is not None else [True, False])
+                                    if not space.sequence_parallel:
+                                        sps = [sp for sp in sps if not sp]
                                     for sp in options("sequence_parallel", sps):
                                         yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
                                                      sequence_parallel=sp, sharding=sharding,
