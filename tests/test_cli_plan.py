@@ -198,11 +198,12 @@ def test_html_report(tmp_path: object) -> None:
     from pathlib import Path
 
     target = Path(str(tmp_path)) / "plan.html"
-    done = gpufleet("plan", "-n", "16", "--top", "2", "--html", str(target), "--json")
+    done = gpufleet("plan", "-n", "16", "--top", "2", "--html", str(target), "--stack", "torchtitan", "--json")
     assert done.returncode == 0, done.stderr
     plans = json.loads(done.stdout)["plans"]
     page = target.read_text()
     assert page.startswith("<!doctype html>")
+    assert "torchtitan's documented settings" in page
     for plan in plans:
         assert plan["layout"]["label"] in page
     assert page.count("<svg") == len(plans)

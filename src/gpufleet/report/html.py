@@ -60,6 +60,9 @@ def plan_report_html(data: dict[str, Any]) -> str:
         for plan in data["plans"]
     ]
     rejected = ", ".join(f"{count} {html.escape(reason)}" for reason, count in search["infeasible"].items())
+    framework = data.get("framework") or {}
+    stack = (f" Framework: {html.escape(framework['stack'])}'s documented settings."
+             if framework.get("stack") else "")
     return "\n".join([
         "<!doctype html><html><head><meta charset='utf-8'><title>gpufleet plan</title>",
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 10px;text-align:right}"
@@ -67,7 +70,7 @@ def plan_report_html(data: dict[str, Any]) -> str:
         "</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f"<p>seq {job['seq_len']}, global batch {job['global_batch']}, {html.escape(job['precision'])}. "
-        f"Layouts tried {search['tried']}: {search['feasible']} fit; rejected: {rejected or 'none'}.</p>",
+        f"Layouts tried {search['tried']}: {search['feasible']} fit; rejected: {rejected or 'none'}.{stack}</p>",
         "<table><tr><th>#</th><th>layout</th><th>memory / HBM</th><th>step</th><th>tokens/s/GPU</th>"
         "<th>MFU</th><th>time-to-train</th><th>cheapest cloud</th></tr>",
         *rows, "</table>", "<h2>Where each step goes (exposed time)</h2>", *sections,
