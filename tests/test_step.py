@@ -467,3 +467,19 @@ def test_moe_layers_tp_blocks_by_hand() -> None:
     assert per_layer["dtensor"] == pytest.approx(2 * 2 * unit_s)  # attention + the MoE block, 2 units each
     # Megatron: attention only; of its 2.5 units under SP the reduce-scatter and the re-gather (1) hide under QKV
     assert per_layer["megatron"] == pytest.approx(1.5 * unit_s)
+
+
+def test_cross_entropy_moves_its_op_sequence_bytes_by_hand() -> None:
+    # Megatron's unfused vocab-parallel cross-entropy per logit: upcast (2 + 4), max (4), subtract (4 + 4), exp
+    # (4 + 4), row sum (4), divide (4 + 4); backward scale (4 + 4) and cast back (4 + 2): 52 bytes. Llama 3 8B, one
+    # sequence of 8192 at tp 2: 8192 x 128256 / 2 logits on 3.35 TB/s x 0.8; the head GEMM is the rest.
+    from gpufleet.perf.compute import CROSS_ENTROPY_BYTES_PER_LOGIT, logits_compute_s
+
+    assert CROSS_ENTROPY_BYTES_PER_LOGIT == (2 + 4) + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4) + (4 + 4) + (4 + 2)
+    layout = Layout(tp=2, micro_batch=1)
+    head_s = 3 * gemm_time_s(8192, 128256 / 2, 4096, 989.4e12, CAL, "bf16")
+    loss_s = 8192 * 128256 / 2 * 52 / (3.35e12 * 0.8)
+    total_s, _ = logits_compute_s(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16")
+    assert math.isclose(total_s, head_s + loss_s, rel_tol=1e-9)
+    fused_s, _ = logits_compute_s(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", loss_bytes_per_logit=40)
+    assert math.isclose(total_s - fused_s, 8192 * 128256 / 2 * 12 / (3.35e12 * 0.8), rel_tol=1e-9)

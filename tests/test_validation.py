@@ -130,6 +130,7 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
     bridge = run_step_options(runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"], StepOptions(dp_overlap=False))
     assert bridge.memory.grad_dtype == "bf16"
     assert bridge.tp_comm_overlap and bridge.ep_imbalance == 1.0 and bridge.moe_dropless
+    assert bridge.loss_bytes_per_logit == 40.0  # fused cross-entropy; Megatron-LM's default unfused one moves 52
     token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"source": (
         "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.09 NeMo Container / Pre-Training")})
     assert not run_step_options(token_drop).moe_dropless  # the archive labels 25.09's MoE rows "(tokendrop)"
@@ -419,4 +420,5 @@ def test_automodel_holdout() -> None:
     torchtitan = next(run for run in load_runs() if run.id.startswith("torchtitan"))
     assert run_step_options(torchtitan).memory.fp32_params  # FSDP2 keeps fp32 parameters as the master
     assert run_step_options(torchtitan).memory.selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
+    assert run_step_options(torchtitan).loss_bytes_per_logit == 40.0  # PyTorch's cross_entropy on upcast logits
     assert deepseek.memory.selective_policy == "attention"  # Megatron-style unless a recipe says otherwise

@@ -254,8 +254,18 @@ def _materialized_attention_s(model: ModelSpec, layout: Layout, calibration: Cal
     return forward, backward
 
 
+#: HBM bytes Megatron's (unfused) vocab-parallel cross-entropy moves per logit, forward and backward, from its op
+#: sequence (tensor_parallel/cross_entropy.py): upcast to fp32 (read 2, write 4), max (4), subtract in place (8),
+#: exp in place (8), row sum (4), divide in place (8); backward scale in place (8) and the cast back to bf16 (6).
+#: Megatron-Core's default (cross_entropy_loss_fusion=False). Its fused version (NeMo, Megatron-Bridge) folds the
+#: max into the upcast and the subtract into the exp: 40; PyTorch's cross_entropy on upcast logits (torchtitan)
+#: moves about the same.
+CROSS_ENTROPY_BYTES_PER_LOGIT = 52.0
+
+
 def logits_compute_s(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,
-                     *, seq_len: int, precision: Precision) -> tuple[float, float]:
+                     *, seq_len: int, precision: Precision,
+                     loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT) -> tuple[float, float]:
     """(forward+backward seconds, forward FLOPs) of the output head and the fp32 cross-entropy."""
     tokens = layout.micro_batch * seq_len / layout.cp
     vocab_share = model.vocab / layout.tp
@@ -263,6 +273,5 @@ def logits_compute_s(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration
     head_precision: Precision = "bf16" if precision in ("fp8", "fp4") else precision
     peak = gpu.peak_flops(head_precision)
     fwd_s = gemm_time_s(tokens, vocab_share, model.hidden, peak, calibration, head_precision)
-    # Cross-entropy on fp32 logits: write, read for softmax, write grad, read in backward (4 passes × 4 B).
-    loss_s = tokens * vocab_share * 4 * 4 / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+    loss_s = tokens * vocab_share * loss_bytes_per_logit / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
     return 3 * fwd_s + loss_s, 2 * tokens * vocab_share * model.hidden

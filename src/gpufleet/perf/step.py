@@ -29,7 +29,13 @@ from gpufleet.parallel.layout import (
     stage_layer_split,
 )
 from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
-from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, logits_compute_s
+from gpufleet.perf.compute import (
+    ACTIVATION_BYTES,
+    CROSS_ENTROPY_BYTES_PER_LOGIT,
+    LayerCompute,
+    layer_compute,
+    logits_compute_s,
+)
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
@@ -62,6 +68,9 @@ class StepOptions:
     #: (--no-async-tensor-model-parallel-allreduce turns it off; under SP it always overlaps the reduce-scatter);
     #: PyTorch's DTensor TP (torchtitan without AsyncTP) and the 2021 Megatron stacks run it in line
     tp_async_backward: bool = True
+    #: HBM bytes the cross-entropy moves per logit (compute.CROSS_ENTROPY_BYTES_PER_LOGIT: Megatron's unfused 52;
+    #: 40 fused or PyTorch's)
+    loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
     ep_imbalance: float = 1.2  # slowest expert rank / mean under top-k routing (judgement)
     step_overhead_s: float = 0.005  # data loading, logging, launch gaps per step (judgement)
@@ -435,7 +444,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     dense_time = device_layer_time(dense_layer, False) if dense_layer else 0.0
     moe_time = moe_device_s + moe_host_exposed_s if moe_layer else 0.0
     logits_s, logits_flops = logits_compute_s(model, layout, cluster.gpu, calibration, seq_len=seq,
-                                              precision=job.precision)
+                                              precision=job.precision,
+                                              loss_bytes_per_logit=options.loss_bytes_per_logit)
 
     # --- pipeline -----------------------------------------------------------------------------
     # Each tensor-parallel rank sends its 1/tp slice (sequence parallel, or Megatron's scatter-gather

@@ -232,24 +232,27 @@ class StackRecipe:
     logits_bytes_per_element: float | None = None  # unfused fp32 cross-entropy keeps ~12 (docs/memory.md)
     activation_offload: bool | None = None  # False: the stack cannot keep activations in CPU memory
     context_parallel: bool | None = None  # False: the stack has no context parallelism
+    loss_bytes_per_logit: float | None = None  # the cross-entropy's HBM bytes per logit (fused / PyTorch: 40)
 
 
 _TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
 #: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
 #: overlap settings; their MoE routing is not stated, so the default imbalance stays.
 _NEMO2_RECIPE = StackRecipe(
-    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, sharding="zero1",
+    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, sharding="zero1", loss_bytes_per_logit=40.0,
     reason=f"{_TE_ATTENTION}; NeMo 2 performance scripts (scripts/performance/llm/*): "
            "plugins.grad_reduce_in_fp32 = False, userbuffers TP-overlap configs, and the recipes' "
-           "distributed_fused_adam_with_cosine_annealing optimizer (use_distributed_optimizer=True: ZeRO-1)")
+           "distributed_fused_adam_with_cosine_annealing optimizer (use_distributed_optimizer=True: ZeRO-1); "
+           "GPTConfig's cross_entropy_loss_fusion=True")
 _MEGATRON_BRIDGE_RECIPE = StackRecipe(
     attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0, expert_tp=1,
-    sharding="zero1",
+    sharding="zero1", loss_bytes_per_logit=40.0,
     reason=f"{_TE_ATTENTION}; the performance recipes set ddp.grad_reduce_in_fp32=False, a userbuffers "
            "TP-overlap config and the distributed optimizer (ZeRO-1; FSDP only where a row says so: "
            "perf_matrix 'fsdp: false') (scripts/performance/configs/*/*_llm_pretrain.*), their MoE base configs set "
            "expert_tensor_parallel_size=1 (configs/deepseek, configs/qwen *_workload_base_configs.py), and they "
-           "benchmark MoE models with dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog)")
+           "benchmark MoE models with dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog); its "
+           "model providers fuse the cross-entropy (cross_entropy_loss_fusion=True)")
 
 #: Stack recipes keyed by words of the run's `source`; the first match wins.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
@@ -263,6 +266,7 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("torchtitan", StackRecipe(
         fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2),
         tp_async_backward=False, tp_gathered_inputs=True, logits_bytes_per_element=12.0, activation_offload=False,
+        loss_bytes_per_logit=40.0,
         reason=(
             "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
             "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
@@ -373,7 +377,7 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
 def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOptions:
     """`options` with the step and memory settings `recipe` states (the rest kept)."""
     step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch",
-                   "tp_async_backward")
+                   "tp_async_backward", "loss_bytes_per_logit")
     changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
     memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params", "selective_policy",
                                                                          "tp_gathered_inputs",
