@@ -96,7 +96,8 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
             "ep_dispatch": options.ep_dispatch, "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
             "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
-            "moe_dropless": options.moe_dropless, "logits_bytes_per_element": memory.logits_bytes_per_element,
+            "moe_dropless": options.moe_dropless, "loss_bytes_per_logit": options.loss_bytes_per_logit,
+            "logits_bytes_per_element": memory.logits_bytes_per_element,
             "activation_offload": request.activation_offload, "sequence_parallel": request.sequence_parallel,
             "context_parallel": request.context_parallel}
 
