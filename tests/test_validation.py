@@ -67,8 +67,9 @@ SMALL_EXPERT_DROPLESS_RUN = "mbridge-2511-qwen3-30b-a3b-fp8cs-16"
 
 
 def test_published_accuracy(published: dict[str, object], published_predictions: dict[str, RunPrediction]) -> None:
-    # Issue targets: high+medium median <= 10 % (met: 6.0 %), all runs median <= 15 % (met: 6.6 %);
-    # worst high+medium <= 25 %: every high-quality run is within 16 %, every other medium run within 26 %.
+    # Issue targets: high+medium median <= 10 % (met: 5.3 %), all runs median <= 15 % (met: 5.1 %);
+    # worst high+medium <= 25 %: met by every run but the dropless Qwen3-30B-A3B one (+89 %); the others are within
+    # 16 %.
     high, high_medium, everything = published["high"], published["high+medium"], published["all"]
     assert isinstance(high, dict) and isinstance(high_medium, dict) and isinstance(everything, dict)
     assert high_medium["median_abs_error"] <= 0.10
@@ -76,7 +77,7 @@ def test_published_accuracy(published: dict[str, object], published_predictions:
     assert high["worst_abs_error"] <= 0.25
     others = [abs(p.error or 0.0) for run_id, p in published_predictions.items()
               if p.quality in ("high", "medium") and run_id != SMALL_EXPERT_DROPLESS_RUN]
-    assert max(others) <= 0.26
+    assert max(others) <= 0.25
     outlier = published_predictions[SMALL_EXPERT_DROPLESS_RUN]
     assert outlier.layout is not None and outlier.layout.recompute == "none" and outlier.layout.sharding == "zero1"
     assert outlier.error is not None and 0.5 < outlier.error < 1.1
