@@ -21,7 +21,8 @@ from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
-from gpufleet.planner.runs import PLAN_STACKS, plan_stack_recipe, recipe_step_options
+from gpufleet.planner.runs import PLAN_STACKS, plan_stack_recipe, recipe_search_space, recipe_step_options
+from gpufleet.planner.search import SearchSpace
 from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import write_series_plot
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
@@ -98,8 +99,9 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
             "moe_dropless": options.moe_dropless, "loss_bytes_per_logit": options.loss_bytes_per_logit,
             "logits_bytes_per_element": memory.logits_bytes_per_element,
-            "activation_offload": request.activation_offload, "sequence_parallel": request.sequence_parallel,
-            "context_parallel": request.context_parallel}
+            "activation_offload": request.search_space.activation_offload,
+            "sequence_parallel": request.search_space.sequence_parallel,
+            "context_parallel": request.search_space.cps != (1,)}
 
 
 def _days(seconds: float) -> str:
@@ -266,14 +268,12 @@ def register(app: typer.Typer) -> None:
         """PlanRequest's `options` and `attention_kernel`: the stack's documented settings, then explicit flags."""
         options = StepOptions()
         attention_kernel = None
-        capabilities = {"activation_offload": True, "sequence_parallel": True, "context_parallel": True}
+        search_space = SearchSpace()
         if stack is not None:
             recipe = plan_stack_recipe(stack)
             options = recipe_step_options(recipe, options)
             attention_kernel = recipe.attention_kernel
-            capabilities = {"activation_offload": recipe.activation_offload is not False,
-                            "sequence_parallel": recipe.sequence_parallel is not False,
-                            "context_parallel": recipe.context_parallel is not False}
+            search_space = recipe_search_space(recipe, search_space)
         step: dict[str, Any] = {}
         memory: dict[str, Any] = {}
         if overlap_tp is not None:
@@ -288,7 +288,8 @@ def register(app: typer.Typer) -> None:
         if selective_policy is not None:
             memory["selective_policy"] = selective_policy
         options = replace(options, **step, memory=replace(options.memory, **memory))
-        return {"options": options, "attention_kernel": attention_kernel, "stack": stack, **capabilities}
+        return {"options": options, "attention_kernel": attention_kernel, "stack": stack,
+                "search_space": search_space}
 
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""

@@ -135,11 +135,11 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         q_width = model.heads * model.head_dim_
         kv_width = 2 * model.kv_heads * model.head_dim_
         qkv_s = gemm_time_s(tokens, (q_width + kv_width) / tp, h, gemm_peak, calibration, precision)
-        gemm_s = qkv_s + gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
+        out_s = gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
+        gemm_s = qkv_s + out_s
         gemm_flops = 2 * tokens * h * (2 * q_width + kv_width) / tp
         # every second matmul of q, k, v, out: k and out
-        alternate_s = (gemm_time_s(tokens, kv_width / 2 / tp, h, gemm_peak, calibration, precision)
-                       + gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision))
+        alternate_s = gemm_time_s(tokens, kv_width / 2 / tp, h, gemm_peak, calibration, precision) + out_s
         alternate_flops = 2 * tokens * h * (kv_width / 2 + q_width) / tp
     else:
         gemm_s = gemm_time_s(tokens, attn_params / (h * tp), h, gemm_peak, calibration, precision)

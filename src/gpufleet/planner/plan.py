@@ -19,6 +19,7 @@ from gpufleet.errors import GpufleetError, InfeasibleError, InputError
 from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
+from gpufleet.planner.runs import stack_calibration
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, search
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params
@@ -51,9 +52,8 @@ class PlanRequest:
     #: the attention kernel the framework uses where the GPU's calibration says FA2-class (a stack's choice)
     attention_kernel: AttentionKernel | None = None
     stack: str | None = None  # the `plan --stack` name whose settings `options` carry (for the report)
-    activation_offload: bool = True  # the framework can keep activations in CPU memory (Megatron-Core)
-    sequence_parallel: bool = True  # the framework has sequence parallelism
-    context_parallel: bool = True  # the framework has context parallelism
+    #: the layouts the framework offers (a stack without SP, CP or activation offload narrows it)
+    search_space: SearchSpace = field(default_factory=SearchSpace)
 
 
 @dataclass(frozen=True)
@@ -119,13 +119,9 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     job = build_job(request, catalog)
     gpu = cluster.gpu
     gpu.peak_flops(job.precision)  # fail early on an unsupported precision
-    calibration = catalog.calibration(gpu.id)
-    if request.attention_kernel is not None and calibration.attention_kernel == "flash":
-        calibration = calibration.model_copy(update={"attention_kernel": request.attention_kernel})
-    space = SearchSpace(activation_offload=request.activation_offload, sequence_parallel=request.sequence_parallel)
-    if not request.context_parallel:
-        space = replace(space, cps=(1,))
-    found = search(job, cluster, calibration, space=space, options=request.options, progress=progress)
+    calibration = stack_calibration(catalog.calibration(gpu.id), request.attention_kernel)
+    found = search(job, cluster, calibration, space=request.search_space, options=request.options,
+                   progress=progress)
     if not found.feasible:
         raise InfeasibleError(describe_no_fit(found, cluster))
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM

@@ -22,6 +22,7 @@ from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, SelectivePolicy, Sharding
 from gpufleet.parallel.memory import GradDtype
 from gpufleet.perf.step import StepOptions
+from gpufleet.planner.search import SearchSpace
 from gpufleet.workload.job import Job
 
 _Strict = ConfigDict(extra="forbid", frozen=True)
@@ -254,6 +255,12 @@ _MEGATRON_BRIDGE_RECIPE = StackRecipe(
            "benchmark MoE models with dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog); its "
            "model providers fuse the cross-entropy (cross_entropy_loss_fusion=True)")
 
+#: Megatron-LM and its Megatron-DeepSpeed forks as of 2021: unfused attention, the column-parallel backward
+#: all-reduce in line, no sequence or context parallelism, no CPU activation offload (each entry says where from).
+_MEGATRON_2021_RECIPE = StackRecipe(
+    attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False, activation_offload=False,
+    context_parallel=False, reason="")
+
 #: Stack recipes keyed by words of the run's `source`; the first match wins.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="node-dedup", reason=(
@@ -285,19 +292,16 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
     ("llm-foundry", StackRecipe(attention_kernel="flash-v1", reason=(
         "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
         "(scripts/train/benchmarking/submit_benchmarks.py)"))),
-    ("ptd-p", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                          activation_offload=False, context_parallel=False, reason=(
+    ("ptd-p", replace(_MEGATRON_2021_RECIPE, reason=(
         "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores; its column-parallel layers "
         "all-reduced the input gradient in line (copy_to_tensor_model_parallel_region), before Megatron-LM's "
         "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022) and sequence "
         "parallelism (Korthikanti et al., 2022); no CPU activation offloading (a later Megatron-Core feature)"))),
-    ("bigscience", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                               activation_offload=False, context_parallel=False, reason=(
+    ("bigscience", replace(_MEGATRON_2021_RECIPE, reason=(
         "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax; its fork's ColumnParallelLinear all-reduces "
         "the input gradient in line and has no sequence parallelism (bigscience-workshop/Megatron-DeepSpeed "
         "megatron/mpu/layers.py)"))),
-    ("2201.11990", StackRecipe(attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False,
-                               activation_offload=False, context_parallel=False, reason=(
+    ("2201.11990", replace(_MEGATRON_2021_RECIPE, reason=(
         "MT-NLG 530B trained in 2021 on Megatron-DeepSpeed of the same lineage as BLOOM's fork: fused "
         "scale-mask-softmax, in-line TP all-reduce in the column-parallel backward, no sequence parallelism"))),
     # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
@@ -389,10 +393,24 @@ def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOption
 
 
 def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str) -> CalibrationProfile:
-    """The GPU's calibration, with the attention kernel the run's stack used (a user profile that
-    already says materialized or flash-v1 is kept)."""
-    calibration = catalog.calibration(gpu_id)
-    kernel = stack_attention_kernel(run)
+    """The GPU's calibration, with the attention kernel the run's stack used (`stack_calibration`)."""
+    return stack_calibration(catalog.calibration(gpu_id), stack_attention_kernel(run))
+
+
+def stack_calibration(calibration: CalibrationProfile, kernel: AttentionKernel | None) -> CalibrationProfile:
+    """`calibration` with a stack's attention kernel; a profile that already names a kernel other than the
+    default FA2-class one (materialized, flash-v1, cudnn) is kept."""
     if kernel is not None and calibration.attention_kernel == "flash":
         return calibration.model_copy(update={"attention_kernel": kernel})
     return calibration
+
+
+def recipe_search_space(recipe: StackRecipe, space: SearchSpace) -> SearchSpace:
+    """`space` without the features the stack lacks: sequence or context parallelism, CPU activation offload."""
+    if recipe.sequence_parallel is False:
+        space = replace(space, sequence_parallel=False)
+    if recipe.context_parallel is False:
+        space = replace(space, cps=(1,))
+    if recipe.activation_offload is False:
+        space = replace(space, activation_offload=False)
+    return space

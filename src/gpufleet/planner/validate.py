@@ -12,7 +12,15 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import PublishedRun, matched_stack, run_calibration, run_cluster, run_job, run_step_options
+from gpufleet.planner.runs import (
+    PublishedRun,
+    matched_stack,
+    recipe_search_space,
+    run_calibration,
+    run_cluster,
+    run_job,
+    run_step_options,
+)
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
@@ -117,8 +125,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                 fixed["micro_batch"] = run.global_batch // local_batches
             if recipe.vpps is not None:
                 space = replace(space, vpps=recipe.vpps)
-            if recipe.activation_offload is False:
-                space = replace(space, activation_offload=False)
+            space = recipe_search_space(recipe, space)
         if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
             fixed["expert_tp"] = given.expert_tp
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
