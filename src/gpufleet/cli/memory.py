@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,13 +18,11 @@ from gpufleet.parallel.layout import (
     SHARDINGS,
     Layout,
     Recompute,
-    SelectivePolicy,
     Sharding,
     validate_layout,
 )
-from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryAssumptions, MemoryBreakdown, memory_per_stage
-from gpufleet.perf.step import StepOptions
-from gpufleet.planner.runs import PLAN_STACKS, plan_stack_recipe, recipe_step_options
+from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
+from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe
 
 GIB = 2**30
 _KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
@@ -158,16 +155,9 @@ def register(app: typer.Typer) -> None:
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
-        assumptions = MemoryAssumptions()
-        if stack is not None:
-            recipe = plan_stack_recipe(stack)
-            if recipe.activation_offload is False and offload_activations:
-                raise InputError(f"--offload-activations: {stack} cannot keep activations in CPU memory")
-            assumptions = recipe_step_options(recipe, StepOptions()).memory
-        if selective_policy is not None:
-            assumptions = replace(assumptions, selective_policy=cast(SelectivePolicy, selective_policy))
-        if dtensor_tp is not None:
-            assumptions = replace(assumptions, tp_gathered_inputs=dtensor_tp)
+        if stack is not None and plan_stack_recipe(stack).activation_offload is False and offload_activations:
+            raise InputError(f"--offload-activations: {stack} cannot keep activations in CPU memory")
+        assumptions = framework_options(stack, dtensor_tp=dtensor_tp, selective_policy=selective_policy).memory
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
         data = _report(stages, gpu_spec.hbm_bytes)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -19,9 +18,8 @@ from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
-from gpufleet.perf.step import StepOptions
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
-from gpufleet.planner.runs import PLAN_STACKS, plan_stack_recipe, recipe_search_space, recipe_step_options
+from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe, recipe_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import write_series_plot
@@ -265,31 +263,12 @@ def register(app: typer.Typer) -> None:
 
     def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
                    ep_dispatch: str | None, selective_policy: str | None) -> dict[str, Any]:
-        """PlanRequest's `options` and `attention_kernel`: the stack's documented settings, then explicit flags."""
-        options = StepOptions()
-        attention_kernel = None
-        search_space = SearchSpace()
-        if stack is not None:
-            recipe = plan_stack_recipe(stack)
-            options = recipe_step_options(recipe, options)
-            attention_kernel = recipe.attention_kernel
-            search_space = recipe_search_space(recipe, search_space)
-        step: dict[str, Any] = {}
-        memory: dict[str, Any] = {}
-        if overlap_tp is not None:
-            step["tp_comm_overlap"] = overlap_tp
-        if dtensor_tp is not None:
-            step["tp_async_backward"] = not dtensor_tp
-            memory["tp_gathered_inputs"] = dtensor_tp
-        if overlap_ep is not None:
-            step["ep_comm_overlap"] = overlap_ep
-        if ep_dispatch is not None:
-            step["ep_dispatch"] = ep_dispatch
-        if selective_policy is not None:
-            memory["selective_policy"] = selective_policy
-        options = replace(options, **step, memory=replace(options.memory, **memory))
-        return {"options": options, "attention_kernel": attention_kernel, "stack": stack,
-                "search_space": search_space}
+        """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
+        options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
+                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy)
+        recipe = plan_stack_recipe(stack) if stack is not None else None
+        return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
+                "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}
 
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""

@@ -371,6 +371,28 @@ def plan_stack_recipe(name: str) -> StackRecipe:
     return dict(STACK_RECIPES)[key]
 
 
+def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,
+                      overlap_ep: bool | None = None, ep_dispatch: str | None = None,
+                      selective_policy: str | None = None) -> StepOptions:
+    """The step and memory settings of `plan`/`memory --stack` (Megatron-LM's defaults without one), then the
+    explicit flags given (None: not given) on top."""
+    options = StepOptions() if stack is None else recipe_step_options(plan_stack_recipe(stack), StepOptions())
+    step: dict[str, Any] = {}
+    memory: dict[str, Any] = {}
+    if overlap_tp is not None:
+        step["tp_comm_overlap"] = overlap_tp
+    if dtensor_tp is not None:
+        step["tp_async_backward"] = not dtensor_tp
+        memory["tp_gathered_inputs"] = dtensor_tp
+    if overlap_ep is not None:
+        step["ep_comm_overlap"] = overlap_ep
+    if ep_dispatch is not None:
+        step["ep_dispatch"] = ep_dispatch
+    if selective_policy is not None:
+        memory["selective_policy"] = selective_policy
+    return replace(options, **step, memory=replace(options.memory, **memory))
+
+
 def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
     """`options` with the settings the run's stack is known to have used (STACK_RECIPES)."""
     options = options or StepOptions()
