@@ -28,6 +28,15 @@ def test_default_plan_runs_and_ranks_by_time_to_train() -> None:
         assert plan["time_to_train_s"] >= plan["train_time_s"]
 
 
+def test_piped_table_keeps_each_plan_on_one_line() -> None:
+    # Piped into a file or `less` with no $COLUMNS, rich would wrap the table at 80 columns and split
+    # each layout over four lines; a row must stay one line that a script can grep.
+    done = gpufleet("plan", "--top", "2", env={"COLUMNS": ""})
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("│ 1 ")]
+    assert len(rows) == 1 and " dp" in rows[0] and "GiB" in rows[0] and " d " in rows[0], done.stdout
+
+
 def test_stack_applies_a_frameworks_documented_settings() -> None:
     # torchtitan: FSDP2's fp32 parameters, op-level selective checkpointing, DTensor TP; an explicit flag wins.
     done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--stack", "torchtitan", "--overlap-tp", "--top", "1",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,12 +47,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
+#: Width for tables written to a pipe or a log (rich would wrap them at 80 columns); a terminal or $COLUMNS wins.
+PIPE_WIDTH_COLUMNS = 160
+
+
+def _stdout_console() -> Console:
+    """A console for stdout: the terminal's width, $COLUMNS, or PIPE_WIDTH_COLUMNS when piped."""
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    return Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH_COLUMNS if piped else None)
+
+
 @dataclass
 class Output:
     """Formatting, `--json` and exit codes for one command invocation."""
 
     json_mode: bool = False
-    console: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
+    console: Console = field(default_factory=_stdout_console)
     err_console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
 
     def emit(self, data: dict[str, Any], render: Callable[[Console], None]) -> None:
