@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -121,6 +122,7 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "--stack", "megatron"],
     ["plan", "--explain", "99", "--top", "3"],
     ["validate", "--runs", "/nonexistent.yaml"],
+    ["validate", "--plot", "/nonexistent-dir/parity.png"],
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str]) -> None:
     one_error_line(gpufleet(*args))
@@ -145,6 +147,21 @@ def test_validate_json_shape() -> None:
     stacks = {run["id"]: run["stack"] for run in data["runs"]}  # whose documented settings were applied
     assert stacks["mpt-7b-h100-8gpu-s2048-bf16"] == "llm-foundry"
     assert stacks["torchtitan-405b-512gpu-3d-1f1b"] == "torchtitan"
+
+
+def test_validate_plot_shows_every_predicted_run(tmp_path: object) -> None:
+    from pathlib import Path
+
+    table = Path(str(tmp_path)) / "parity.html"
+    done = gpufleet("validate", "--json", "--plot", str(table))
+    assert done.returncode == 0, done.stderr
+    runs = [run for run in json.loads(done.stdout)["runs"] if run["status"] == "ok"]
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>[^<]+</td><td>[^<]+</td><td>([^<]+)</td></tr>",
+                      table.read_text())
+    assert [(run["id"], run["quality"], f"{run['error']:+.1%}") for run in runs] == rows
+    picture = Path(str(tmp_path)) / "parity.png"
+    assert gpufleet("validate", "--plot", str(picture)).returncode == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_fabric_model_sim_retimes_collectives_with_the_simulator() -> None:

@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
         dp_overlap: bool = typer.Option(True, "--dp-overlap/--no-dp-overlap", help="Whether the framework "
                                         "overlaps gradient reduction with backward (DeepSpeed's pipeline engine "
                                         "does not)."),
+        plot: Path = typer.Option(None, "--plot", help="Write predicted against measured tokens/s per GPU "
+                                  "(log axes, ±25 % band; colour = quality, or = group with --rank) to FILE: "
+                                  ".png/.svg/.pdf need matplotlib, .html writes a table."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -36,6 +39,8 @@ def register(app: typer.Typer) -> None:
 
         Null layout fields other than tp/pp/dp are filled with the planner's best choice (listed);
         runs that cannot be predicted are listed as skipped with the reason.
+
+        Example: gpufleet validate --plot parity.png
         """
         from gpufleet.planner.runs import load_runs
         from gpufleet.planner.validate import predict_run, summarize
@@ -57,6 +62,16 @@ def register(app: typer.Typer) -> None:
 
             ranking = rank_groups(loaded, predictions)
             data["ranking"] = ranking
+        if plot is not None:
+            from gpufleet.planner.ranking import group_key
+            from gpufleet.report.plots import write_parity_plot
+
+            points = [(p.id, group_key(run) if rank else p.quality, p.predicted_tokens_per_s_per_gpu,
+                       p.target_tokens_per_s_per_gpu)
+                      for run, p in zip(loaded, predictions, strict=True) if p.predicted_tokens_per_s_per_gpu]
+            write_parity_plot(plot, points, quantity="tokens/s per GPU",
+                              title=f"gpufleet validate: {len(points)} runs, predicted vs measured")
+            data["plot"] = str(plot)
 
         def render(console: Console) -> None:
             table = Table(title=f"published runs ({len(predictions)})", title_justify="left")
