@@ -11,9 +11,10 @@ from pathlib import Path
 
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
-from gpufleet.planner.ranking import rank_groups
+from gpufleet.planner.ranking import group_key, rank_groups
 from gpufleet.planner.runs import load_runs, shipped_runs_path
 from gpufleet.planner.validate import RunPrediction, predict_run, summarize
+from gpufleet.report.plots import write_parity_plot
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Published runs that are not in the shipped file, each checked by a test in tests/test_validation.py.
@@ -65,10 +66,18 @@ def holdout_sections(catalog: Catalog) -> list[str]:
     return [*lines, "", *tables]
 
 
+def parity_picture(out_md: Path, name: str, points: list[tuple[str, str, float, float]], title: str) -> str:
+    """Write the predicted-vs-measured PNG next to the report; return its markdown image line."""
+    picture = out_md.parent / name
+    write_parity_plot(picture, points, quantity="tokens/s per GPU", title=title)
+    return f"![{title}]({name})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "validation.md")
     args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
 
     catalog = load_catalog()
     published = [predict_run(run, catalog) for run in load_runs()]
@@ -89,6 +98,11 @@ def main() -> None:
         "## Published runs (`gpufleet validate`)",
         "",
         *summary_table(published_summary),
+        "",
+        parity_picture(args.out, "validation_published.png",
+                       [(p.id, p.quality, p.predicted_tokens_per_s_per_gpu, p.target_tokens_per_s_per_gpu)
+                        for p in published if p.predicted_tokens_per_s_per_gpu],
+                       "published runs: predicted vs measured (grey: within ±25 %)"),
         "",
         f"Skipped: {', '.join(published_summary['skipped']) or 'none'}.",
         "",
@@ -123,6 +137,11 @@ def main() -> None:
                    f"{row['pick']} |")
     vtrain_summary = summarize(vtrain)
     out += [
+        "",
+        parity_picture(args.out, "validation_vtrain.png",
+                       [(p.id, group_key(run), p.predicted_tokens_per_s_per_gpu, p.target_tokens_per_s_per_gpu)
+                        for run, p in zip(vtrain_runs, vtrain, strict=True) if p.predicted_tokens_per_s_per_gpu],
+                       "vTrain's 109 runs: predicted vs measured"),
         "",
         f"All 109 vTrain runs: median abs error {vtrain_summary['all']['median_abs_error']:.1%}, worst "
         f"{vtrain_summary['all']['worst_abs_error']:.1%} ({vtrain_summary['all']['worst_id']}).",
@@ -169,7 +188,6 @@ def main() -> None:
         "  per group came out with inconsistent signs across the four groups.",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(out), encoding="utf-8")
     print(f"wrote {args.out}")
 
