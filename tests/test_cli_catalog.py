@@ -28,6 +28,21 @@ def test_list_one_kind_as_json() -> None:
     assert "mi355x" in data["gpus"]
 
 
+def test_every_entry_has_a_one_line_summary() -> None:
+    result = gpufleet("catalog", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    blank = [f"{kind}/{rid}" for kind, entries in json.loads(result.stdout).items()
+             for rid, summary in entries.items() if not summary]
+    assert not blank
+    # a calibration's line carries its own fractions, read here from the loaded catalog
+    from gpufleet.catalog.registry import load_catalog
+
+    profile = load_catalog().records("calibrations")["h100-sxm"]
+    line = json.loads(result.stdout)["calibrations"]["h100-sxm"]
+    assert f"GEMM {profile.gemm_fraction_16bit:.0%}" in line and f"fp8 {profile.gemm_fraction_fp8:.0%}" in line
+    assert f"attention {profile.attention_kernel}" in line
+
+
 def test_show_a_gpu_as_json() -> None:
     result = gpufleet("catalog", "show", "h100-sxm", "--json")
     assert result.returncode == 0, result.stderr

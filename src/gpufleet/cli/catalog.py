@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.registry import KINDS, as_plain
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
@@ -31,6 +32,11 @@ def _summary(record: Record) -> str:
         params = count_params(record)
         active = f", {params.active / 1e9:.1f}B active" if params.active != params.total else ""
         return f"{record.name}: {params.total / 1e9:.2f}B params{active}, {record.layers} layers"
+    if isinstance(record, CalibrationProfile):
+        fp8 = f", fp8 {record.gemm_fraction_fp8:.0%}" if record.gemm_fraction_fp8 is not None else ""
+        return (f"GEMM {record.gemm_fraction_16bit:.0%} of 16-bit peak{fp8} (x{record.in_training_fraction:g} "
+                f"in training), attention {record.attention_kernel} {record.attention_fraction:.0%}, "
+                f"HBM {record.hbm_fraction:.0%}")
     return getattr(record, "name", "") or ""
 
 
