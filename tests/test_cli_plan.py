@@ -128,6 +128,16 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str]) -> None:
     one_error_line(gpufleet(*args))
 
 
+@pytest.mark.parametrize(("args", "flag"), [
+    (["plan", "--budget", "nan"], "--budget"),
+    (["facility", "--gpu", "h100-sxm", "--gpus", "64", "--rack-kw", "inf"], "--rack-kw"),
+    (["reliability", "--gpus", "64", "--checkpoint-gb", "-inf"], "--checkpoint-gb"),
+])
+def test_non_finite_numbers_are_refused_naming_the_flag(args: list[str], flag: str) -> None:
+    line = one_error_line(gpufleet(*args))
+    assert f"{flag} must be a finite number" in line
+
+
 def test_validate_json_shape() -> None:
     done = gpufleet("validate", "--json")
     assert done.returncode == 0, done.stderr

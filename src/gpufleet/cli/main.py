@@ -7,16 +7,20 @@ becomes one line on stderr with exit code 2.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import math
 import pkgutil
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
 import gpufleet.cli as cli_package
 from gpufleet import __version__
 from gpufleet.cli.output import EXIT_CHECK_FAILED, EXIT_USAGE, fail
-from gpufleet.errors import GpufleetError, InfeasibleError
+from gpufleet.errors import GpufleetError, InfeasibleError, InputError
 
 _NOT_COMMANDS = {"main", "output", "common"}
 
@@ -53,10 +57,41 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _flag_name(command: Any, name: str) -> str:
+    """The long flag a parameter is spelled with on the command line (`--rack-kw` for `rack_kw`)."""
+    for param in getattr(command, "params", []):
+        if param.name == name:
+            longs = [opt for opt in param.opts if opt.startswith("--")]
+            return longs[0] if longs else param.opts[0]
+    return name
+
+
+def _reject_non_finite(command: Any) -> None:
+    """Every number option of every command must be finite: `nan` and `inf` parse as floats but mean nothing
+    as a budget, a size or a rate, so they are refused before any command body runs."""
+    for sub in getattr(command, "commands", {}).values():
+        _reject_non_finite(sub)
+    callback: Callable[..., Any] | None = getattr(command, "callback", None)
+    if callback is None:
+        return
+
+    @functools.wraps(callback)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for name, value in kwargs.items():
+            values = value if isinstance(value, list | tuple) else [value]
+            for item in values:
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise InputError(f"{_flag_name(command, name)} must be a finite number, got {item}")
+        return callback(*args, **kwargs)
+
+    command.callback = checked
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     app = build_app()
     command = typer.main.get_command(app)
+    _reject_non_finite(command)
     try:
         result = command.main(args=argv, prog_name="gpufleet", standalone_mode=False)
     except InfeasibleError as error:  # well-formed but impossible: a failed check, not a usage error
