@@ -92,6 +92,10 @@ def test_malformed_catalog_file_is_one_line(tmp_path: Path) -> None:
     broken.write_text("models:\n  - id: x\n    name: [unclosed\n", encoding="utf-8")
     line = one_error_line(gpufleet("catalog", "list", "--catalog", str(broken)))
     assert "broken.yaml" in line
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)))  # not text at all
+    line = one_error_line(gpufleet("catalog", "list", "gpus", env={ENV_VAR: str(binary)}))
+    assert "binary.yaml" in line and "not UTF-8" in line
 
 
 def test_catalog_file_with_a_bad_field_is_one_line(tmp_path: Path) -> None:

@@ -159,6 +159,44 @@ def test_validate_json_shape() -> None:
     assert stacks["torchtitan-405b-512gpu-3d-1f1b"] == "torchtitan"
 
 
+def _first_shipped_run() -> dict:
+    import yaml
+
+    from gpufleet.planner.runs import shipped_runs_path
+
+    return yaml.safe_load(shipped_runs_path().read_text(encoding="utf-8"))[0]
+
+
+def test_run_file_defects_are_one_line(tmp_path: object) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    binary = Path(str(tmp_path)) / "runs.yaml"
+    binary.write_bytes(b"- id: \xff\xfe\x00")
+    assert "not UTF-8" in one_error_line(gpufleet("validate", "--runs", str(binary)))
+    twice = Path(str(tmp_path)) / "twice.yaml"
+    twice.write_text(yaml.safe_dump([_first_shipped_run()] * 2), encoding="utf-8")
+    assert "appears twice" in one_error_line(gpufleet("validate", "--runs", str(twice)))
+
+
+def test_validate_says_why_a_runs_layout_is_invalid(tmp_path: object) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    run = _first_shipped_run()
+    run["layout"]["dp"] = 7  # tp*pp*dp no longer covers the run's GPUs
+    path = Path(str(tmp_path)) / "bad_layout.yaml"
+    path.write_text(yaml.safe_dump([run]), encoding="utf-8")
+    done = gpufleet("validate", "--runs", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    gpus = run["hardware"]["num_gpus"]
+    assert row["status"] == "skipped" and f"= {7 * run['layout']['tp'] * run['layout']['pp']}" in row["reason"]
+    assert f"has {gpus} GPUs" in row["reason"]
+
+
 def test_validate_plot_shows_every_predicted_run(tmp_path: object) -> None:
     from pathlib import Path
 

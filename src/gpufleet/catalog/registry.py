@@ -51,6 +51,8 @@ def read_yaml(path: Path, what: str = "catalog file") -> Any:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise CatalogError(f"cannot read {what} {path}: {error.strerror}") from error
+    except UnicodeDecodeError as error:
+        raise CatalogError(f"{what} {path} is not UTF-8 text (byte {error.start}); expected a YAML file") from error
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -74,7 +74,8 @@ def register(app: typer.Typer) -> None:
             data["plot"] = str(plot)
 
         def render(console: Console) -> None:
-            table = Table(title=f"published runs ({len(predictions)})", title_justify="left")
+            source = f"runs in {runs}" if runs is not None else "shipped published runs"
+            table = Table(title=f"{source} ({len(predictions)})", title_justify="left")
             for column in ("run", "quality", "layout", "predicted", "target", "error", "note"):
                 table.add_column(column, justify="right" if column in ("predicted", "target", "error") else "left")
             for p in predictions:

@@ -121,13 +121,18 @@ def load_runs(path: Path | None = None) -> list[PublishedRun]:
     document = read_yaml(path, "run file")
     if not isinstance(document, list):
         raise CatalogError(f"run file {path} must be a YAML list of runs (see RUNS.md)")
-    runs = []
+    runs: list[PublishedRun] = []
+    seen: set[str] = set()
     for index, entry in enumerate(document):
         try:
-            runs.append(PublishedRun.model_validate(entry))
+            run = PublishedRun.model_validate(entry)
         except ValidationError as error:
             label = entry.get("id", f"#{index}") if isinstance(entry, dict) else f"#{index}"
             raise CatalogError(f"run file {path}: run {label}: {describe_validation_error(error)}") from error
+        if run.id in seen:  # results, rankings and plots are keyed by id
+            raise CatalogError(f"run file {path}: run id {run.id!r} appears twice; ids must be unique")
+        seen.add(run.id)
+        runs.append(run)
     return runs
 
 

@@ -10,7 +10,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
-from gpufleet.parallel.layout import Layout
+from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.runs import (
     PublishedRun,
@@ -131,6 +131,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
         if not result.filled:
             layout = Layout(**dict(fixed.items()))
+            validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)  # says what is wrong
             outcome = evaluate(job, layout, cluster, calibration, options)
             if isinstance(outcome, Candidate):
                 candidate = outcome
