@@ -94,7 +94,7 @@ def test_malformed_catalog_file_is_one_line(tmp_path: Path) -> None:
     assert "broken.yaml" in line
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(bytes(range(256)))  # not text at all
-    line = one_error_line(gpufleet("catalog", "list", "gpus", env={ENV_VAR: str(binary)}))
+    line = one_error_line(gpufleet("catalog", "list", "gpus", env_catalog=str(binary)))
     assert "binary.yaml" in line and "not UTF-8" in line
 
 
