@@ -98,6 +98,7 @@ def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
     [
         (("--model", "llama3-9b", "--gpu", "h100-sxm", "--gpus", "8"), "llama3-8b"),
         (("--model", "llama3-8b", "--gpu", "h100-sxmm", "--gpus", "8"), "h100-sxm"),
+        (("--model", "llama3-8b", "--gpu", "a100-sxm-80gb", "--gpus", "8", "--precision", "fp8"), "no dense fp8"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "3"), "tp"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "6", "--tp", "3", "--dp", "2"), "tp=3"),
         (

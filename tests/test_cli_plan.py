@@ -121,6 +121,10 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "--selective-policy", "some"],
     ["plan", "--stack", "megatron"],
     ["plan", "--explain", "99", "--top", "3"],
+    ["plan", "--plot", "scaling.png"],  # a plot draws a sweep; one count has nothing to draw
+    ["plan", "-n", "8,16", "--plot", "scaling"],  # no file type
+    ["plan", "-n", "8,16", "--plot", "/nonexistent-dir/scaling.png"],
+    ["plan", "--html", "report.txt"],
     ["validate", "--runs", "/nonexistent.yaml"],
     ["validate", "--plot", "/nonexistent-dir/parity.png"],
 ])
@@ -165,6 +169,27 @@ def _first_shipped_run() -> dict:
     from gpufleet.planner.runs import shipped_runs_path
 
     return yaml.safe_load(shipped_runs_path().read_text(encoding="utf-8"))[0]
+
+
+@pytest.mark.parametrize("flags", [["--explain", "1"], ["--budget", "1e6"], ["--top", "3"],
+                                   ["--html", "report.html"]])
+def test_single_plan_flags_are_refused_on_a_sweep(flags: list[str]) -> None:
+    # a sweep shows one best plan per GPU count: a flag about one ranked list would be silently dropped
+    for sweep in (["-n", "8,16"], ["-n", "8-16", "--deadline", "300d"]):
+        assert f"{flags[0]} applies to one GPU count" in one_error_line(gpufleet("plan", *sweep, *flags))
+
+
+def test_a_count_with_no_legal_layout_names_the_nearest_that_have_one() -> None:
+    # 1000 = 2^3 * 5^3: with tp <= 8, pp <= 32 and cp a power of two, dp keeps a factor 5 or 25 or 125, which
+    # never divides the default batch of 1024 sequences. The suggested counts are checked by planning them.
+    done = gpufleet("plan", "-n", "1000")
+    line = done.stderr.strip()
+    assert done.returncode == 1 and len(line.splitlines()) == 1 and done.stdout == ""
+    assert "1024 sequences" in line
+    below, above = (int(n) for n in re.search(r"legal layout: (\d+) or (\d+)", line).groups())
+    assert below < 1000 < above
+    for count in (below, above):
+        assert gpufleet("plan", "-n", str(count), "--top", "1", "--json").returncode == 0
 
 
 def test_run_file_defects_are_one_line(tmp_path: object) -> None:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.catalog.records import Precision
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InputError
@@ -130,6 +131,7 @@ def register(app: typer.Typer) -> None:
                              f"not {recompute}")
         _choice(sharding, SHARDINGS, "sharding")
         _choice(precision, TRAINING_PRECISIONS, "precision")
+        gpu_spec.peak_flops(cast(Precision, precision))  # a GPU without that precision: one line, as plan says
         if dp is None:
             if gpus % (tp * pp * cp):
                 raise InputError(

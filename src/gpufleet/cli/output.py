@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.progress import Progress, ProgressColumn
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -72,6 +73,12 @@ class Output:
             sys.stdout.write(text + "\n")
         else:
             render(self.console)
+
+    def progress(self, *columns: str | ProgressColumn) -> Progress:
+        """A transient progress display on stderr: never in stdout's tables or JSON, and off when stderr is not a
+        terminal (a log file gets no spinner frames) or in --json mode."""
+        return Progress(*columns, console=self.err_console, transient=True,
+                        disable=self.json_mode or not self.err_console.is_terminal)
 
     def warn(self, message: str) -> None:
         """A warning on stderr (never mixed into JSON on stdout)."""

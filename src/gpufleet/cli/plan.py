@@ -22,7 +22,7 @@ from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_pl
 from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe, recipe_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.report.html import plan_report_html
-from gpufleet.report.plots import write_series_plot
+from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
 
 GIB = 2**30
@@ -178,7 +178,8 @@ def register(app: typer.Typer) -> None:
         global_batch: int = typer.Option(None, "--global-batch",
                                          help="Sequences per step; default ~4M tokens per step."),
         precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp8 (fp8 GEMMs)."),
-        top: int = typer.Option(5, "--top", help="How many plans to show."),
+        top: int = typer.Option(None, "--top", help="How many plans to show [default: 5; a sweep shows the best "
+                                "plan per GPU count]."),
         explain: int = typer.Option(None, "--explain", help="Break plan RANK down part by part."),
         rank_by: str = typer.Option("time", "--rank-by", help="time (time-to-train) or cost (cheapest cloud)."),
         deadline: str = typer.Option(None, "--deadline",
@@ -186,8 +187,8 @@ def register(app: typer.Typer) -> None:
         budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
         html_report: Path = typer.Option(None, "--html", help="Also write an HTML report (ranked table and a "
                                          "bar of where each plan's step time goes) to FILE."),
-        plot: Path = typer.Option(None, "--plot", help="With a GPU-count sweep: write tokens/s per GPU and "
-                                  "time-to-train against GPUs to FILE.png (or FILE.html)."),
+        plot: Path = typer.Option(None, "--plot", help="With a GPU-count sweep: write the best plan's tokens/s per "
+                                  "GPU against GPUs to FILE (.png/.svg/.pdf need matplotlib; .html writes a table)."),
         fabric_model: str = typer.Option("analytical", "--fabric-model",
                                          help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
                                          "with the flow-level simulator on the topology graph."),
@@ -242,12 +243,26 @@ def register(app: typer.Typer) -> None:
                              f"got {selective_policy!r}")
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
+        counts = parse_int_list(gpus, "--gpus")
+        deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
+        sweep = len(counts) > 1 or deadline_s is not None
+        single_only = {"--top": top, "--explain": explain, "--budget": budget, "--html": html_report}
+        given = [flag for flag, value in single_only.items() if value is not None]
+        if sweep and given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise InputError(f"{', '.join(given)} {verb} to one GPU count; a sweep (--gpus list or range, or "
+                             "--deadline) shows the best plan per count — plan one count to use them")
+        if not sweep and plot is not None:
+            raise InputError("--plot draws a GPU-count sweep: give --gpus a list or a range, e.g. 64,128 or 64-1024")
+        if plot is not None:
+            check_output_path(plot, "--plot")
+        if html_report is not None:
+            check_output_path(html_report, "--html", (".html", ".htm"))
+        top = 5 if top is None else top
         if top < 1:
             raise InputError(f"--top must be at least 1, got {top}")
         if explain is not None and not 1 <= explain <= top:
             raise InputError(f"--explain RANK must be between 1 and --top ({top})")
-        counts = parse_int_list(gpus, "--gpus")
-        deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
                            network=fabric, topology=cast(TopologyKind, topology),
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
@@ -255,7 +270,7 @@ def register(app: typer.Typer) -> None:
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
                            **_framework(stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy))
-        if len(counts) == 1 and deadline_s is None:
+        if not sweep:
             result = _plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report)
             return
@@ -273,8 +288,7 @@ def register(app: typer.Typer) -> None:
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""
         started = time.monotonic()
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), transient=True,
-                      disable=out.json_mode) as progress:
+        with out.progress(SpinnerColumn(), TextColumn("{task.description}")) as progress:
             task = progress.add_task("searching layouts", visible=False)
 
             def tried(count: int) -> None:
@@ -316,7 +330,7 @@ def register(app: typer.Typer) -> None:
         rows: list[dict[str, Any]] = []
         started = time.monotonic()
         chosen: dict[str, Any] | None = None
-        with Progress(transient=True, disable=out.json_mode) as progress:
+        with out.progress(*Progress.get_default_columns()) as progress:
             task = progress.add_task("planning", total=len(counts))
             for count in sorted(counts):
                 request = PlanRequest(**{**base.__dict__, "gpus": count, "top": 1})

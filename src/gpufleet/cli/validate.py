@@ -46,6 +46,10 @@ def register(app: typer.Typer) -> None:
         from gpufleet.planner.validate import predict_run, summarize
 
         out = Output(json)
+        if plot is not None:
+            from gpufleet.report.plots import check_output_path
+
+            check_output_path(plot, "--plot")
         cat = open_catalog(catalog)
         loaded = load_runs(runs)
         if node is not None:

@@ -20,7 +20,7 @@ from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
 from gpufleet.planner.runs import stack_calibration
-from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, search
+from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params
 
@@ -123,7 +123,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     found = search(job, cluster, calibration, space=request.search_space, options=request.options,
                    progress=progress)
     if not found.feasible:
-        raise InfeasibleError(describe_no_fit(found, cluster))
+        raise InfeasibleError(describe_no_fit(found, cluster) if found.tried else
+                              describe_no_legal_layout(request, catalog, job, cluster))
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
     ranked: list[Plan] = []
     pool = found.feasible[: max(request.top * 4, 20)]
@@ -159,3 +160,31 @@ def describe_no_fit(found: SearchResult, cluster: Cluster) -> str:
                 f"{cluster.gpu.hbm_bytes / 2**30:.0f} GiB of HBM — add GPUs, shorten the sequence, "
                 f"or use a GPU with more memory")
     return f"no legal layout for this job on {cluster.gpus} GPUs ({found.tried} tried: {reasons})"
+
+
+def _has_legal_layout(request: PlanRequest, catalog: Catalog, gpus: int) -> bool:
+    try:
+        sized = replace(request, gpus=gpus)
+        return next(enumerate_layouts(build_job(sized, catalog), build_cluster(sized, catalog),
+                                      request.search_space), None) is not None
+    except GpufleetError:  # the count does not fit the nodes, or the job is malformed at that size
+        return False
+
+
+def describe_no_legal_layout(request: PlanRequest, catalog: Catalog, job: Job, cluster: Cluster) -> str:
+    """Why no layout exists at all (the GPUs cannot be split so that every degree divides what it splits), and
+    the nearest GPU counts where one does."""
+    n = cluster.gpus
+    node_gpus = catalog.node(request.node).gpus if request.node else catalog.node_for_gpu(request.gpu).gpus
+    step = node_gpus if n > node_gpus else 1  # beyond one node, suggest counts that fill whole nodes
+    below = next((count for count in range((n - 1) // step * step, 0, -step)
+                  if _has_legal_layout(request, catalog, count)), None)
+    above = next((count for count in range((n // step + 1) * step, 2 * n + step, step)
+                  if _has_legal_layout(request, catalog, count)), None)
+    nearest = " or ".join(str(count) for count in (below, above) if count is not None)
+    max_tp = request.search_space.max_tp or cluster.gpus_per_node
+    return (f"no legal layout for this job on {n} GPUs: no split into tp (at most {max_tp}, dividing "
+            f"{job.model.heads} heads) x pp (at most {job.model.layers} layers) x cp x dp leaves a dp that divides "
+            f"the global batch of {job.global_batch} sequences"
+            + (f"; nearest GPU counts with a legal layout: {nearest}" if nearest else "")
+            + " (or set --global-batch)")

@@ -76,7 +76,9 @@ class SearchResult:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in increasing order (trial division up to √n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _expert_tps(space: SearchSpace, fixed: dict[str, Any], moe: bool, tp: int, ep: int,
