@@ -192,6 +192,17 @@ def test_a_count_with_no_legal_layout_names_the_nearest_that_have_one() -> None:
         assert gpufleet("plan", "-n", str(count), "--top", "1", "--json").returncode == 0
 
 
+def test_a_cluster_too_big_to_build_still_plans_and_says_why_cost_is_missing() -> None:
+    # a three-tier fat tree of radix-64 switches (NDR Quantum-2) holds 64**3 / 4 = 65,536 endpoints
+    done = gpufleet("plan", "-n", "131072", "--top", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert "65536" in data["economics_unavailable"] and data["plans"][0]["step_s"] > 0
+    assert "no cost, power or goodput" in done.stderr and "65536" in done.stderr
+    broke = gpufleet("plan", "-n", "131072", "--budget", "1e9")
+    assert broke.returncode == 1 and "--budget needs" in broke.stderr and len(broke.stderr.strip().splitlines()) == 1
+
+
 def test_run_file_defects_are_one_line(tmp_path: object) -> None:
     from pathlib import Path
 

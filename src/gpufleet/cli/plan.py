@@ -84,6 +84,7 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
                    "infeasible": dict(result.search.infeasible)},
         "framework": framework_to_dict(result.request),
         "plans": [plan_to_dict(p, result) for p in result.plans],
+        "economics_unavailable": result.economics_error,
     }
 
 
@@ -299,6 +300,11 @@ def register(app: typer.Typer) -> None:
 
     def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int,
                      html_report: Path | None = None) -> None:
+        if result.economics_error is not None:
+            if budget is not None:
+                out.fail(f"--budget needs the plans' cost, which cannot be computed: {result.economics_error}",
+                         EXIT_CHECK_FAILED)
+            out.warn(f"step times stand, but no cost, power or goodput: {result.economics_error}")
         if budget is not None:
             within = [p for p in result.plans if p.cheapest_usd is not None and p.cheapest_usd <= budget]
             if not within:
@@ -318,7 +324,8 @@ def register(app: typer.Typer) -> None:
             data["html"] = str(html_report)
 
         def render(console: Console) -> None:
-            view = PlanResult(result.request, result.job, result.cluster, result.search, shown)
+            view = PlanResult(result.request, result.job, result.cluster, result.search, shown,
+                              result.economics_error)
             render_result(console, view)
             if explain is not None:
                 render_explain(console, result.plans[explain - 1], result)
@@ -341,6 +348,8 @@ def register(app: typer.Typer) -> None:
                 else:
                     best = result.plans[0]
                     row = {"gpus": count, "fits": True, **plan_to_dict(best, result)}
+                    if result.economics_error is not None:
+                        row["economics_unavailable"] = result.economics_error
                     rows.append(row)
                     if deadline_s is not None and chosen is None and best.wall_time_s <= deadline_s:
                         chosen = row

@@ -87,6 +87,8 @@ class PlanResult:
     cluster: Cluster
     search: SearchResult
     plans: list[Plan]
+    #: why cost, power and goodput are missing from the plans (the cluster cannot be built or priced), if they are
+    economics_error: str | None = None
 
 
 def default_global_batch(seq_len: int, gpus: int) -> int:
@@ -127,6 +129,7 @@ def make_plan(request: PlanRequest, catalog: Catalog,
                               describe_no_legal_layout(request, catalog, job, cluster))
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
     ranked: list[Plan] = []
+    economics_error: str | None = None
     pool = found.feasible[: max(request.top * 4, 20)]
     if request.fabric_model == "sim":
         # The flow-level simulator re-times every collective of the analytically best plans.
@@ -139,15 +142,15 @@ def make_plan(request: PlanRequest, catalog: Catalog,
         try:
             economics = run_economics(catalog, node=cluster.node, gpus=cluster.gpus, train_time_s=train_s,
                                       checkpoint_bytes=checkpoint_bytes, utilization_mfu=candidate.step.mfu)
-        except GpufleetError:
-            economics = None
+        except GpufleetError as error:  # the step estimate stands; say why the bill is missing
+            economics, economics_error = None, str(error)
         ranked.append(Plan(0, candidate, train_s, economics))
     if request.rank_by == "cost":
         ranked.sort(key=lambda p: (p.cheapest_usd if p.cheapest_usd is not None else math.inf, p.wall_time_s))
     else:
         ranked.sort(key=lambda p: p.wall_time_s)
     plans = [Plan(i + 1, p.candidate, p.train_time_s, p.economics) for i, p in enumerate(ranked[: request.top])]
-    return PlanResult(request, job, cluster, found, plans)
+    return PlanResult(request, job, cluster, found, plans, economics_error)
 
 
 def describe_no_fit(found: SearchResult, cluster: Cluster) -> str:
