@@ -256,3 +256,10 @@ def test_unknown_name_suggests_the_nearest(catalog: Catalog) -> None:
     with pytest.raises(UnknownNameError) as caught:
         catalog.model("llama3-7b")
     assert "llama3-8b" in caught.value.nearest
+
+
+def test_a_name_like_nothing_gets_no_suggestion(catalog: Catalog) -> None:
+    # 'nosuch' shares a few letters with 'ndr400-switch' (difflib ratio ~0.42): a guess that misleads
+    with pytest.raises(UnknownNameError) as caught:
+        catalog.network("nosuch")
+    assert caught.value.nearest == [] and "did you mean" not in str(caught.value)

@@ -125,6 +125,7 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "-n", "8,16", "--plot", "scaling"],  # no file type
     ["plan", "-n", "8,16", "--plot", "/nonexistent-dir/scaling.png"],
     ["plan", "--html", "report.txt"],
+    ["plan", "--gpus", "64,"],
     ["validate", "--runs", "/nonexistent.yaml"],
     ["validate", "--plot", "/nonexistent-dir/parity.png"],
 ])
@@ -173,6 +174,10 @@ def _first_shipped_run() -> dict:
 
 @pytest.mark.parametrize("flags", [["--explain", "1"], ["--budget", "1e6"], ["--top", "3"],
                                    ["--html", "report.html"]])
+def test_a_bad_gpu_list_echoes_what_was_typed() -> None:
+    assert "--gpus '64,' (entry '')" in one_error_line(gpufleet("plan", "--gpus", "64,"))
+
+
 def test_single_plan_flags_are_refused_on_a_sweep(flags: list[str]) -> None:
     # a sweep shows one best plan per GPU count: a flag about one ranked list would be silently dropped
     for sweep in (["-n", "8,16"], ["-n", "8-16", "--deadline", "300d"]):

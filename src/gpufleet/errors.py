@@ -21,7 +21,7 @@ class UnknownNameError(GpufleetError, KeyError):
         self.kind = kind
         self.name = name
         self.known = sorted(known)
-        self.nearest = difflib.get_close_matches(name, self.known, n=3, cutoff=0.4)
+        self.nearest = difflib.get_close_matches(name, self.known, n=3, cutoff=0.6)
         super().__init__(str(self))
 
     def __str__(self) -> str:

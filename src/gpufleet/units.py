@@ -87,5 +87,6 @@ def parse_int_list(text: str, what: str = "list") -> list[int]:
         elif part.isdigit() and int(part) > 0:
             values.append(int(part))
         else:
-            raise InputError(f"{what} {part!r} must be a positive integer, a list 64,128 or a range 64-1024")
+            where = f" (entry {part!r})" if part != text.strip() else ""
+            raise InputError(f"{what} {text!r}{where} must be a positive integer, a list 64,128 or a range 64-1024")
     return values
