@@ -172,12 +172,12 @@ def _first_shipped_run() -> dict:
     return yaml.safe_load(shipped_runs_path().read_text(encoding="utf-8"))[0]
 
 
-@pytest.mark.parametrize("flags", [["--explain", "1"], ["--budget", "1e6"], ["--top", "3"],
-                                   ["--html", "report.html"]])
 def test_a_bad_gpu_list_echoes_what_was_typed() -> None:
     assert "--gpus '64,' (entry '')" in one_error_line(gpufleet("plan", "--gpus", "64,"))
 
 
+@pytest.mark.parametrize("flags", [["--explain", "1"], ["--budget", "1e6"], ["--top", "3"],
+                                   ["--html", "report.html"]])
 def test_single_plan_flags_are_refused_on_a_sweep(flags: list[str]) -> None:
     # a sweep shows one best plan per GPU count: a flag about one ranked list would be silently dropped
     for sweep in (["-n", "8,16"], ["-n", "8-16", "--deadline", "300d"]):
