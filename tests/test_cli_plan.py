@@ -323,3 +323,14 @@ def test_html_report(tmp_path: object) -> None:
         assert plan["layout"]["label"] in page
     assert page.count("<svg") == len(plans)
     assert "compute.gemm" in page
+
+
+def test_durations_and_money_stay_readable_at_any_size() -> None:
+    from gpufleet.cli.plan import _days, _money
+
+    day = 86_400.0
+    assert [_days(5 * 3600), _days(3 * day), _days(400 * day), _days(5 * 365.25 * day)] == \
+        ["5.0 h", "3.0 d", "400.0 d", "5 y"]
+    assert _days(2e10 * 365.25 * day) == "2e+10 y"  # a 1e30-token job: no 20-digit column
+    assert [_money(67_795), _money(2.5e6), _money(7.2e9), _money(6.8e22)] == \
+        ["$67,795", "$2.50M", "$7.20B", "$6.8e+22"]

@@ -104,7 +104,21 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
 
 
 def _days(seconds: float) -> str:
+    """Hours under a day, days under three years, then years (a 1e30-token job reads 2.3e+10 y, not 20 digits)."""
+    years = seconds / (365.25 * DAY_S)
+    if years >= 3:
+        return f"{years:,.0f} y" if years < 1e6 else f"{years:.2g} y"
     return f"{seconds / DAY_S:.1f} d" if seconds >= DAY_S else f"{seconds / 3600:.1f} h"
+
+
+def _money(usd: float) -> str:
+    """$12,345 under a million, then $1.23M, $4.56B, then powers of ten."""
+    if usd < 1e6:
+        return f"${usd:,.0f}"
+    for scale, unit in ((1e9, "B"), (1e6, "M")):
+        if usd >= scale and usd < scale * 1e3:
+            return f"${usd / scale:,.2f}{unit}"
+    return f"${usd:.2g}"
 
 
 def render_result(console: Console, result: PlanResult) -> None:
@@ -134,7 +148,7 @@ def render_result(console: Console, result: PlanResult) -> None:
             f"{plan.candidate.memory.total_bytes / GIB:.0f}/{cluster.gpu.hbm_bytes / GIB:.0f} GiB",
             f"{step.step_s:.2f} s", f"{step.tokens_per_s_per_gpu:,.0f}", f"{step.mfu:.1%}",
             f"{econ.goodput:.1%}" if econ else "-", _days(plan.wall_time_s),
-            f"${cheapest.usd / 1e6:,.2f}M {cheapest.name}" if cheapest else "-",
+            f"{_money(cheapest.usd)} {cheapest.name}" if cheapest else "-",
         )
     console.print(table)
 
