@@ -6,6 +6,9 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
+from clirun import one_error_line
 from clirun import run_gpufleet as gpufleet
 
 
@@ -33,3 +36,32 @@ def test_plan_and_gpu_hours_are_exclusive(tmp_path: Path) -> None:
         done = gpufleet(*args)
         assert done.returncode == 2, args
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _plan_file(tmp_path: Path, gpu: str = "h100-sxm", gpus: int = 32) -> Path:
+    """The fields of a `gpufleet plan --json` output that `cost --plan` reads."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"cluster": {"gpu": gpu, "gpus": gpus, "node": "dgx-h100"},
+                                "plans": [{"time_to_train_s": 36000.0}]}))
+    return path
+
+
+@pytest.mark.parametrize(("flags", "named", "planned"), [
+    (("--gpu", "a100-sxm-80gb"), "--gpu a100-sxm-80gb", "h100-sxm"),
+    (("--gpus", "8"), "--gpus 8", "32 GPUs"),
+])
+def test_plan_with_a_contradicting_gpu_or_gpu_count_is_refused(tmp_path: Path, flags: tuple[str, str],
+                                                                named: str, planned: str) -> None:
+    line = one_error_line(gpufleet("cost", "--plan", str(_plan_file(tmp_path)), *flags))
+    assert named in line and planned in line
+
+
+def test_a_sweep_is_refused_with_how_to_make_a_single_plan(tmp_path: Path) -> None:
+    swept = gpufleet("plan", "-m", "llama3-8b", "-t", "500B", "-n", "32,64", "--json")
+    assert swept.returncode == 0, swept.stderr
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(swept.stdout)
+    line = one_error_line(gpufleet("cost", "--plan", str(sweep)))
+    assert "sweep" in line and "32, 64" in line and "single --gpus" in line
+    shown = gpufleet("cost", "--help")
+    assert "not a sweep" in " ".join(shown.stdout.split())

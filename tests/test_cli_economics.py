@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clirun import one_error_line
 from clirun import run_gpufleet as run
 
 
@@ -84,11 +86,11 @@ def test_cost_uses_user_quote(tmp_path: Path) -> None:
         (("cost", "--gpu-hours", "-3"), "--gpu-hours"),
         (("cost", "--gpu-hours", "1000", "--gpus", "0"), "--gpus"),
         (("facility", "--gpus", "0", "--node", "dgx-h100"), "at least 1"),
-        (("facility", "--gpus", "8", "--node", "dgx-h100", "--pue", "0.9"), "pue"),
+        (("facility", "--gpus", "8", "--node", "dgx-h100", "--pue", "0.9"), "--pue"),
         (("facility", "--gpus", "8"), "--node"),
         (("reliability", "--gpus", "0", "--checkpoint-gb", "10"), "at least 1"),
         (("reliability", "--gpus", "8"), "--checkpoint-gb"),
-        (("reliability", "--gpus", "8", "--checkpoint-gb", "10", "--restart-min", "-1"), "restart_min"),
+        (("reliability", "--gpus", "8", "--checkpoint-gb", "10", "--restart-min", "-1"), "--restart-min"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], fragment: str) -> None:
@@ -110,3 +112,61 @@ def test_negative_price_in_user_file(tmp_path: Path) -> None:
     result = run("cost", "--gpu-hours", "10", "--catalog", str(bad))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "usd_per_gpu_hour" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("cost", "--gpu-hours", "1000", "--years", "0"), "--years must be greater than 0, got 0"),
+        (("cost", "--gpu-hours", "1000", "--usd-per-kwh", "-1"), "--usd-per-kwh must be greater than 0"),
+        (("facility", "--gpus", "8", "--gpu", "h100-sxm", "--rack-kw", "0"), "--rack-kw must be greater than 0"),
+        (("facility", "--gpus", "8", "--gpu", "h100-sxm", "--pue", "5"), "--pue must be in [1, 3], got 5"),
+        (("facility", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "2"), "--mfu must be in (0, 1]"),
+        (("reliability", "--gpus", "8", "--checkpoint-gb", "10", "--restart-min", "-1"),
+         "--restart-min must be at least 0"),
+        (("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--write-gbps", "1e308"),
+         "--write-gbps must be between"),
+        (("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--interval-min", "1e9"),
+         "--interval-min 1e+09 leaves the job no progress"),
+        (("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--failures", "nope"), "--failures"),
+    ],
+)
+def test_a_bad_value_is_reported_by_its_flag_and_allowed_range(args: tuple[str, ...], expected: str) -> None:
+    assert expected in one_error_line(run(*args))
+
+
+def test_interval_refusal_names_the_range_that_makes_progress() -> None:
+    """The range is real: its ends run, and the job's MTTI is not blamed for the user's interval."""
+    line = one_error_line(run("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--interval-min", "1e9"))
+    assert "too short" not in line
+    found = re.search(r"between (\S+) and (\S+) min", line)
+    assert found, line
+    for end in found.groups():
+        assert run("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--interval-min", end).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        (("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--params", "70B"), ("--checkpoint-gb", "--params")),
+        (("reliability", "--gpus", "64", "--checkpoint-gb", "10", "--write-gbps", "50", "--gpus-per-node", "4"),
+         ("--write-gbps", "--gpus-per-node")),
+        (("facility", "--gpus", "64", "--gpu", "mi300x", "--node", "dgx-h100"), ("--gpu mi300x", "--node dgx-h100")),
+        (("cost", "--gpu-hours", "1000", "--gpu", "mi300x", "--node", "dgx-h100"),
+         ("--gpu mi300x", "--node dgx-h100")),
+    ],
+)
+def test_flags_that_contradict_each_other_are_refused(args: tuple[str, ...], flags: tuple[str, ...]) -> None:
+    line = one_error_line(run(*args))
+    assert all(flag in line for flag in flags), line
+
+
+def test_unknown_pricing_lists_the_pricing_models() -> None:
+    line = one_error_line(run("cost", "--gpu-hours", "1000", "--pricing", "foo"))
+    assert "--pricing 'foo'" in line and "on-demand, spot, reserved-1y" in line
+
+
+def test_facility_help_says_node_or_gpu_is_required() -> None:
+    shown = run("facility", "--help")
+    assert shown.returncode == 0
+    assert "one of them is required" in " ".join(shown.stdout.split())

@@ -157,6 +157,12 @@ def test_a_job_that_does_not_fill_whole_nodes_spreads_evenly() -> None:
     assert node_as_used(dgx, 12).gpus == 6 and node_as_used(dgx, 16) is dgx and node_as_used(dgx, 4) is dgx
     with pytest.raises(InputError, match="spread evenly"):
         node_as_used(dgx, 13)
+    # the error names the nearest counts that work: 12 = 2 nodes of 6, 14 = 2 of 7; 97 (prime) -> 96 = 12 x 8,
+    # 104 = 13 x 8 (98..103 over 13 nodes leave remainders)
+    for count, below, above in ((13, 12, 14), (97, 96, 104)):
+        with pytest.raises(InputError, match=f"nearest counts that do: {below} or {above}$"):
+            node_as_used(dgx, count)
+        assert node_as_used(dgx, below) and node_as_used(dgx, above)
     with pytest.raises(InputError, match="spread evenly"):
         Cluster(catalog.gpu("h100-sxm"), dgx, 13, Fabric(catalog.network("ndr400")))
 

@@ -258,3 +258,10 @@ def test_every_offer_names_a_catalog_gpu(catalog: Catalog) -> None:
     gpus = set(catalog.records("gpus"))
     for record in catalog.records("cloud_offers").values():
         assert isinstance(record, CloudOffer) and record.gpu in gpus, record.id
+
+
+def test_override_names_the_flag_and_the_allowed_range(catalog: Catalog) -> None:
+    with pytest.raises(InputError, match=r"^--pue must be in \[1, 3\], got 0.5$"):
+        facility_defaults(catalog, flags={"pue": "--pue"}, pue=0.5)
+    with pytest.raises(InputError, match=r"^--years must be greater than 0, got 0$"):
+        facility_defaults(catalog, flags={"amortization_years": "--years"}, amortization_years=0.0)

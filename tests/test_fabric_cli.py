@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from clirun import one_error_line
 from clirun import run_gpufleet as run
 
 
@@ -48,3 +49,29 @@ def test_bad_input_one_line_exit_2(args: tuple[str, ...]) -> None:
     out = run(*args)
     assert out.returncode == 2
     assert out.stderr.startswith("error:") and out.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["build", "simulate"])
+def test_a_cluster_too_large_for_its_topology_is_refused_before_building(command: str) -> None:
+    """10^8 GPUs on radix-64 switches used to build a graph until the kernel killed it; the limit (k^3/4 = 65,536
+    GPUs for a three-tier fat tree, Al-Fares) is arithmetic and is reported at once."""
+    out = run("fabric", command, "--gpus", "100000000", timeout=60)
+    line = one_error_line(out)
+    assert "at most 65,536 GPUs" in line and "radix 64" in line
+
+
+@pytest.mark.parametrize("command", ["build", "simulate"])
+def test_a_node_that_holds_another_gpu_is_refused(command: str) -> None:
+    line = one_error_line(run("fabric", command, "--gpus", "64", "--gpu", "mi300x", "--node", "dgx-h100"))
+    assert "--node dgx-h100" in line and "--gpu mi300x" in line
+
+
+def test_simulate_needs_at_least_two_gpus() -> None:
+    line = one_error_line(run("fabric", "simulate", "--gpus", "1"))
+    assert "--gpus" in line and "at least 2" in line
+
+
+def test_simulate_seed_without_ecmp_is_refused() -> None:
+    """ndr400 routes by spray unless told otherwise: a hash seed would change nothing."""
+    line = one_error_line(run("fabric", "simulate", "--gpus", "64", "--seed", "7"))
+    assert "--seed" in line and "--routing ecmp" in line

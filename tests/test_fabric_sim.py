@@ -209,3 +209,37 @@ def test_tree_crossing_counts_the_edges_that_leave_the_busiest_leaf() -> None:
     assert tree_crossing_node_equivalents(alternating) == 4.0
     # One leaf: nothing crosses.
     assert tree_crossing_node_equivalents(np.zeros(16, dtype=np.int64)) == 0.0
+
+
+def test_size_limits_match_al_fares_for_radix_64() -> None:
+    """k^3/4 endpoints for a three-tier fat tree, k^2/2 for two tiers (Al-Fares et al. 2008), one NIC per GPU."""
+    from gpufleet.fabric.graph import max_gpus
+
+    assert max_gpus(cluster(64, kind="fat-tree")) == 64**3 // 4
+    assert max_gpus(cluster(64, kind="rail-optimized")) == 64**3 // 4
+    assert max_gpus(cluster(64, kind="leaf-spine")) == 64**2 // 2
+
+
+@pytest.mark.parametrize("kind", ["fat-tree", "leaf-spine", "rail-optimized", "dragonfly+"])
+@pytest.mark.parametrize("radix", [8, 12])
+@pytest.mark.parametrize("os", [1.0, 3.0])
+def test_size_limit_is_the_largest_cluster_the_builder_connects(kind: str, radix: int, os: float) -> None:
+    """At the limit the graph builds and uses every leaf the arithmetic counted; one node more is refused by
+    arithmetic alone (`check_size`), before anything is allocated."""
+    from gpufleet.fabric.graph import check_size, max_gpus, max_leaves
+
+    catalog = load_catalog()
+    node = catalog.node("hgx-h100-pcie")  # 8 GPUs, 4 NICs
+    network = catalog.network("ndr400").model_copy(update={"switch_radix": radix})
+    fabric = Fabric(network, kind, os)  # type: ignore[arg-type]
+    limit = max_gpus(Cluster(catalog.gpu(node.gpu), node, node.gpus, fabric))
+    assert limit % node.gpus == 0 and limit > 0
+    largest = Cluster(catalog.gpu(node.gpu), node, limit, fabric)
+    graph = build_graph(largest)
+    assert graph.gpus == limit
+    assert graph.count(LEAF) > max_leaves(fabric) - node.nics  # no room left for another node
+    too_big = Cluster(catalog.gpu(node.gpu), node, limit + node.gpus, fabric)
+    with pytest.raises(InputError, match=f"at most {limit:,} GPUs"):
+        check_size(too_big)
+    with pytest.raises(InputError, match=f"at most {limit:,} GPUs"):
+        build_graph(too_big)

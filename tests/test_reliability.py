@@ -218,3 +218,25 @@ def test_goodput_falls_as_failures_grow(write: float, restart: float, mtti: floa
     except InfeasibleError:
         return
     assert worse <= at(mtti) + 1e-12
+
+
+@pytest.mark.parametrize(("write", "restart", "mtti"), [(0.3125, 600.0, 2.85e6), (30.0, 600.0, 11000.0)])
+def test_progress_interval_range_brackets_the_intervals_goodput_accepts(write: float, restart: float,
+                                                                       mtti: float) -> None:
+    from gpufleet.reliability.goodput import progress_interval_range_s
+
+    span = progress_interval_range_s(write_s=write, restart_s=restart, mtti_s=mtti)
+    assert span is not None
+    shortest, longest = span
+    assert shortest < daly_interval_s(write, mtti) < longest
+    for inside in (shortest * 1.001, longest * 0.999):
+        assert goodput(interval_s=inside, write_s=write, restart_s=restart, mtti_s=mtti) > 0
+    for outside in (shortest * 0.99, longest * 1.01):
+        with pytest.raises(InfeasibleError):
+            goodput(interval_s=outside, write_s=write, restart_s=restart, mtti_s=mtti)
+
+
+def test_no_progress_interval_when_failures_outpace_checkpoints() -> None:
+    from gpufleet.reliability.goodput import progress_interval_range_s
+
+    assert progress_interval_range_s(write_s=1e5, restart_s=600.0, mtti_s=100.0) is None

@@ -2,34 +2,67 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.catalog.economics_records import Pricing
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
-from gpufleet.cli.facility import node_network, resolve_node
+from gpufleet.cli.facility import FACILITY_FLAGS, node_network, resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.errors import CatalogError, InputError
 
+DEFAULT_GPU = "h100-sxm"
+DEFAULT_ONPREM_GPUS = 512
 
-def plan_gpu_hours(path: Path) -> tuple[float, str, int]:
-    """(GPU-hours, GPU id, GPUs) of the best plan in a `gpufleet plan --json` file."""
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What `cost --plan` takes from a `gpufleet plan --json` file: its best plan's GPU-hours and its cluster."""
+
+    gpu_hours: float
+    gpu: str
+    gpus: int
+    node: str | None
+
+
+SINGLE_PLAN_HINT = "run `gpufleet plan` with a single --gpus N (no --deadline) and --json to get one"
+
+
+def read_plan(path: Path) -> PlannedRun:
+    """The best plan of a single-count `gpufleet plan --json` file (a sweep over GPU counts is refused)."""
     import json
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InputError(f"cannot read plan file {path}: {error.strerror}") from error
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InputError(f"{path} is not JSON; --plan takes a `gpufleet plan --json` output: {SINGLE_PLAN_HINT}") \
+            from error
+    if isinstance(data, dict) and isinstance(data.get("sweep"), list):
+        counts = ", ".join(str(row.get("gpus")) for row in data["sweep"] if isinstance(row, dict))
+        raise InputError(f"{path} is a scaling sweep (`gpufleet plan` over several GPU counts or with --deadline: "
+                         f"{counts}); --plan prices one plan: {SINGLE_PLAN_HINT}")
+    try:
         cluster = data["cluster"]
         best = data["plans"][0]
         gpus = int(cluster["gpus"])
-        return gpus * float(best["time_to_train_s"]) / 3600.0, str(cluster["gpu"]), gpus
-    except OSError as error:
-        raise InputError(f"cannot read plan file {path}: {error.strerror}") from error
-    except (ValueError, KeyError, IndexError, TypeError) as error:
+        seconds = float(best["time_to_train_s"])
+        gpu = str(cluster["gpu"])
+        node = cluster.get("node")
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
         raise InputError(f"{path} is not a `gpufleet plan --json` output (needs cluster.gpus, cluster.gpu and "
-                         f"plans[0].time_to_train_s)") from error
+                         f"plans[0].time_to_train_s): {SINGLE_PLAN_HINT}") from error
+    if gpus < 1 or not (seconds > 0 and math.isfinite(seconds)):
+        raise InputError(f"{path} has cluster.gpus {gpus} and plans[0].time_to_train_s {seconds:g}; a plan needs "
+                         "at least one GPU and a positive, finite time-to-train")
+    return PlannedRun(gpus * seconds / 3600.0, gpu, gpus, str(node) if node else None)
 
 
 def register(app: typer.Typer) -> None:
@@ -37,12 +70,20 @@ def register(app: typer.Typer) -> None:
     def cost(
         gpu_hours: str = typer.Option(None, "--gpu-hours", help="GPU-hours to price (e.g. 2.5M)."),
         plan_file: Path = typer.Option(
-            None, "--plan", help="A `gpufleet plan --json` output file: prices its best plan's GPU-hours "
-            "(GPUs x time-to-train) on its GPU and cluster size."
+            None, "--plan", help="The `gpufleet plan --json` output of a single GPU count (not a sweep over "
+            "several --gpus or a --deadline search): prices its best plan's GPU-hours (GPUs x time-to-train) on its "
+            "GPU, node and cluster size."
         ),
-        gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU id (see `gpufleet catalog list gpus`)."),
-        node: str = typer.Option(None, "--node", help="Node id for on-prem (default: the GPU's node)."),
-        gpus: int = typer.Option(512, "--gpus", help="Size of the owned cluster for on-prem TCO."),
+        gpu: str | None = typer.Option(
+            None, "--gpu", help="GPU id (see `gpufleet catalog list gpus`) [default: --node's GPU, else h100-sxm; "
+            "with --plan: the plan's]."
+        ),
+        node: str | None = typer.Option(
+            None, "--node", help="Node id for on-prem [default: the GPU's node; with --plan: the plan's]."
+        ),
+        gpus: int | None = typer.Option(
+            None, "--gpus", help="Size of the owned cluster for on-prem TCO [default: 512; with --plan: the plan's]."
+        ),
         offer_name: str = typer.Option(
             None,
             "--offer",
@@ -52,12 +93,12 @@ def register(app: typer.Typer) -> None:
             None, "--utilization", help="Fraction of hours the owned cluster does useful work (default 0.7)."
         ),
         years: float = typer.Option(None, "--years", help="Amortization horizon (default 4)."),
-        pue: float = typer.Option(None, "--pue", help="Power usage effectiveness (default 1.3)."),
+        pue: float = typer.Option(None, "--pue", help="Power usage effectiveness, 1 to 3 (default 1.3)."),
         usd_per_kwh: float = typer.Option(None, "--usd-per-kwh", help="Electricity price (default 0.08)."),
         pricing: list[str] = typer.Option(
             None,
             "--pricing",
-            help="Only these pricing models (on-demand, spot, reserved-1y, ...); repeatable.",
+            help=f"Only these pricing models ({', '.join(get_args(Pricing))}); repeatable.",
         ),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
@@ -72,29 +113,48 @@ def register(app: typer.Typer) -> None:
         if (gpu_hours is None) == (plan_file is None):
             raise InputError("give exactly one of --gpu-hours H or --plan PLAN.json")
         if plan_file is not None:
-            hours, gpu, gpus = plan_gpu_hours(plan_file)
+            planned = read_plan(plan_file)
+            if gpu is not None and gpu != planned.gpu:
+                raise InputError(f"--gpu {gpu} contradicts --plan {plan_file}, which plans {planned.gpu} GPUs; "
+                                 "leave out --gpu (its GPU-hours are the plan's)")
+            if gpus is not None and gpus != planned.gpus:
+                raise InputError(f"--gpus {gpus} contradicts --plan {plan_file}, which plans {planned.gpus} GPUs; "
+                                 f"leave out --gpus, or plan again with --gpus {gpus}")
+            if node is not None and cat.node(node).gpu != planned.gpu:
+                raise InputError(f"--node {node} holds {cat.node(node).gpu} GPUs, but --plan {plan_file} plans "
+                                 f"{planned.gpu} GPUs; leave out --node (the plan's is {planned.node})")
+            hours, gpu, gpus = planned.gpu_hours, planned.gpu, planned.gpus
+            node = node or planned.node
         else:
             hours = parse_count(gpu_hours, "--gpu-hours")
+            if not math.isfinite(hours):
+                raise InputError(f"--gpu-hours must be a finite number, got {gpu_hours}")
+            gpu = gpu or (cat.node(node).gpu if node else DEFAULT_GPU)
+            gpus = DEFAULT_ONPREM_GPUS if gpus is None else gpus
         if utilization is not None and not 0 < utilization <= 1:
             raise InputError(f"--utilization must be in (0, 1], got {utilization:g}")
         if gpus < 1:
             raise InputError(f"--gpus must be at least 1, got {gpus}")
-        cat.gpu(gpu)
+        for model in pricing or []:
+            if model not in get_args(Pricing):
+                raise InputError(f"--pricing {model!r} is not one of {', '.join(get_args(Pricing))}")
+        spec = resolve_node(cat, node, gpu)
         defaults = facility_defaults(
-            cat, pue=pue, usd_per_kwh=usd_per_kwh, amortization_years=years, fleet_utilization=utilization
+            cat, flags=FACILITY_FLAGS, pue=pue, usd_per_kwh=usd_per_kwh, amortization_years=years,
+            fleet_utilization=utilization,
         )
         offers = offers_for_gpu(cat, gpu, pricing or None)
         if not offers:
+            sold = sorted({o.pricing for o in offers_for_gpu(cat, gpu)})
             raise CatalogError(
-                f"no cloud offer for GPU {gpu!r}" + (f" with pricing {pricing}" if pricing else "")
+                f"no cloud offer for GPU {gpu!r}" + (f" with --pricing {', '.join(pricing)}" if pricing else "")
+                + (f"; its offers are {', '.join(sold)}" if sold and pricing else "")
+                + ("" if sold else "; add one under 'cloud_offers:' (--catalog FILE)")
             )
         costs = sorted((cost_of_gpu_hours(o, hours) for o in offers), key=lambda c: (c.usd, c.name))
         against = offer(cat, offer_name) if offer_name else reference_offer(cat, gpu)
         if against.gpu != gpu:
-            raise InputError(f"offer {against.id!r} rents {against.gpu}, not {gpu}")
-        spec = resolve_node(cat, node, gpu)
-        if spec.gpu != gpu:
-            raise InputError(f"node {spec.id!r} holds {spec.gpu}, not {gpu}")
+            raise InputError(f"--offer {against.id} rents {against.gpu}, not {gpu}")
         tco = onprem_tco(cat, spec, gpus, defaults, node_network(cat, spec))
         u = defaults.fleet_utilization
         rate = tco.usd_per_gpu_hour(u)

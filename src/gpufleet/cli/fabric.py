@@ -11,17 +11,20 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.facility import resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 from gpufleet.fabric.bom import bill_of_materials
 from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
-from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph
+from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph, check_size
 from gpufleet.fabric.placement import GroupSpan, Placement, span_over_nodes
 from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
-from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, simulate_collective
+from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, default_routing, simulate_collective
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
 from gpufleet.report.plots import Series, write_series_plot
 from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
+
+DEFAULT_GPU = "h100-sxm"
 
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
@@ -31,12 +34,16 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
 
 
 def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network: str, node: str | None,
-             gpu: str, oversubscription: str) -> Cluster:
+             gpu: str | None, oversubscription: str) -> Cluster:
+    """The cluster the flags describe, refused (by arithmetic, before any graph is built) when its topology
+    cannot connect that many GPUs."""
     catalog = open_catalog(catalog_paths)
-    node_spec = catalog.node(node) if node else catalog.node_for_gpu(gpu)
-    fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "topology")),
+    node_spec = resolve_node(catalog, node, gpu if gpu or node else DEFAULT_GPU)
+    fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "--topology")),
                     parse_ratio(oversubscription))
-    return Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)
+    cluster = Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)
+    check_size(cluster)
+    return cluster
 
 
 def block_span(cluster: Cluster, placement: Placement) -> GroupSpan:
@@ -83,8 +90,10 @@ def register(app: typer.Typer) -> None:
         topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
         gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs in the cluster."),
         network: str = typer.Option("ndr400", "--network", help="Network id (`gpufleet catalog list networks`)."),
-        gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU id; its default node is used."),
-        node: str | None = typer.Option(None, "--node", help="Node id (overrides --gpu's default node)."),
+        gpu: str | None = typer.Option(None, "--gpu", help="GPU id; its default node is used [default: --node's "
+                                       "GPU, else h100-sxm]."),
+        node: str | None = typer.Option(None, "--node", help="Node id instead of --gpu's default node (it must "
+                                        "hold --gpu when both are given)."),
         oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 2:1."),
         catalog: list[Path] = CatalogOption,
         json_mode: bool = JsonOption,
@@ -125,32 +134,36 @@ def register(app: typer.Typer) -> None:
         gpus: str = typer.Option(..., "--gpus", help="GPUs in the group (= cluster), or a list 128,256."),
         topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
         network: str = typer.Option("ndr400", "--network", help="Network id, or a list ndr400,roce200."),
-        gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU id; its default node is used."),
-        node: str | None = typer.Option(None, "--node", help="Node id (overrides --gpu's default node)."),
+        gpu: str | None = typer.Option(None, "--gpu", help="GPU id; its default node is used [default: --node's "
+                                       "GPU, else h100-sxm]."),
+        node: str | None = typer.Option(None, "--node", help="Node id instead of --gpu's default node (it must "
+                                        "hold --gpu when both are given)."),
         oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 4:1."),
         placement: str = typer.Option("block", "--placement", help="block or scatter."),
         algorithm: str = typer.Option("auto", "--algorithm", help=f"One of {', '.join(ALGORITHMS)}."),
         routing: str | None = typer.Option(None, "--routing", help="ecmp or spray [default: spray on IB]."),
-        seed: int = typer.Option(0, "--seed", help="ECMP hash seed."),
+        seed: int | None = typer.Option(None, "--seed", help="ECMP hash seed (with ecmp routing only) [default: 0]."),
         plot: Path | None = typer.Option(None, "--plot", help="Write busbw vs size (or GPUs) to FILE.png/.html."),
         catalog: list[Path] = CatalogOption,
         json_mode: bool = JsonOption,
     ) -> None:
         """Simulate one collective (flow level) and compare with the analytical model."""
-        op = cast(Op, _choice(collective, OPS, "collective"))
-        place = cast(Placement, _choice(placement, ("block", "scatter"), "placement"))
-        algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "algorithm"))
-        mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "routing")) if routing else None
-        sizes = [parse_bytes(s) for s in size.split(",")]
-        counts = parse_int_list(gpus, "GPU count")
+        op = cast(Op, _choice(collective, OPS, "--collective"))
+        place = cast(Placement, _choice(placement, ("block", "scatter"), "--placement"))
+        algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "--algorithm"))
+        mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "--routing")) if routing else None
+        sizes = [parse_bytes(s, "--size") for s in size.split(",")]
+        counts = parse_int_list(gpus, "--gpus")
+        if min(counts) < 2:
+            raise InputError(f"--gpus {min(counts)}: a collective needs a group of at least 2 GPUs")
         networks = [n.strip() for n in network.split(",")]
         topologies = [t.strip() for t in topology.split(",")]
-        rows = []
-        for net in networks:
-            for topo in topologies:
-                for count in counts:
-                    cluster = _cluster(catalog, count, topo, net, node, gpu, oversubscription)
-                    rows += [_simulate_one(op, s, cluster, place, algo, mode, seed) for s in sizes]
+        clusters = [_cluster(catalog, count, topo, net, node, gpu, oversubscription)
+                    for net in networks for topo in topologies for count in counts]
+        if seed is not None and all((mode or default_routing(c)) != "ecmp" for c in clusters):
+            raise InputError("--seed seeds ECMP hashing, but every simulation here routes by spray "
+                             f"({', '.join(networks)}); add --routing ecmp or leave out --seed")
+        rows = [_simulate_one(op, s, c, place, algo, mode, seed or 0) for c in clusters for s in sizes]
         if plot is not None:
             _plot(plot, rows, "size_bytes" if len(sizes) > 1 else "gpus")
         data: dict[str, Any] = rows[0] if len(rows) == 1 else {"results": rows}

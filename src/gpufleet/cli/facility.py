@@ -14,12 +14,21 @@ from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
+from gpufleet.fabric.topology import check_node_holds
+
+#: The facility flags that override a FacilityDefaults field, so that a bad value names the flag.
+FACILITY_FLAGS = {"rack_kw": "--rack-kw", "pue": "--pue", "usd_per_kwh": "--usd-per-kwh",
+                  "amortization_years": "--years", "fleet_utilization": "--utilization"}
 
 
 def resolve_node(cat: Catalog, node: str | None, gpu: str | None) -> NodeSpec:
-    """--node wins; else the catalog's default node for --gpu; one of them is required."""
+    """--node, which must hold --gpu when both are given; else the catalog's default node for --gpu; one of
+    them is required."""
     if node:
-        return cat.node(node)
+        spec = cat.node(node)
+        if gpu:
+            check_node_holds(spec, cat.gpu(gpu).id)
+        return spec
     if gpu:
         return cat.node_for_gpu(gpu)
     raise InputError("give --node NODE or --gpu GPU (see `gpufleet catalog list nodes`)")
@@ -33,23 +42,32 @@ def node_network(cat: Catalog, node: NodeSpec) -> NetworkSpec | None:
 def register(app: typer.Typer) -> None:
     @app.command("facility")
     def facility(
-        gpus: int = typer.Option(..., "--gpus", help="Number of GPUs."),
-        node: str = typer.Option(None, "--node", help="Node id (see `gpufleet catalog list nodes`)."),
-        gpu: str = typer.Option(None, "--gpu", help="GPU id; uses the catalog's default node for it."),
+        gpus: int = typer.Option(..., "--gpus", help="Number of GPUs (at least 1)."),
+        node: str = typer.Option(None, "--node", help="Node id (see `gpufleet catalog list nodes`); "
+                                 "--node or --gpu is required."),
+        gpu: str = typer.Option(None, "--gpu", help="GPU id; uses the catalog's default node for it "
+                                "(with --node: must be the GPU that node holds)."),
         rack_kw: float = typer.Option(None, "--rack-kw", help="Power a rack may draw, kW (default 40)."),
-        pue: float = typer.Option(None, "--pue", help="Power usage effectiveness (default 1.3)."),
+        pue: float = typer.Option(None, "--pue", help="Power usage effectiveness, 1 to 3 (default 1.3)."),
         usd_per_kwh: float = typer.Option(None, "--usd-per-kwh", help="Electricity price (default 0.08)."),
         mfu: float = typer.Option(None, "--mfu", help="Model FLOPs utilization while training (0-1)."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
-        """IT power at maximum and typical load, racks, cooling, facility power and annual energy."""
+        """IT power at maximum and typical load, racks, cooling, facility power and annual energy.
+
+        Give the hardware as --node NODE or --gpu GPU (its default node); one of them is required.
+        """
         from gpufleet.economics.defaults import facility_defaults
         from gpufleet.economics.facility import estimate_facility
 
+        if gpus < 1:
+            raise InputError(f"--gpus must be at least 1, got {gpus}")
+        if mfu is not None and not 0 < mfu <= 1:
+            raise InputError(f"--mfu must be in (0, 1], got {mfu:g}")
         cat = open_catalog(catalog)
         spec = resolve_node(cat, node, gpu)
-        defaults = facility_defaults(cat, rack_kw=rack_kw, pue=pue, usd_per_kwh=usd_per_kwh)
+        defaults = facility_defaults(cat, flags=FACILITY_FLAGS, rack_kw=rack_kw, pue=pue, usd_per_kwh=usd_per_kwh)
         est = estimate_facility(spec, gpus, defaults, node_network(cat, spec), mfu=mfu)
         data: dict[str, Any] = {
             "gpus": est.gpus,

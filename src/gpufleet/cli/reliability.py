@@ -12,19 +12,61 @@ from rich.table import Table
 
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
-from gpufleet.errors import InputError
+from gpufleet.errors import InputError, UnknownNameError
+
+#: Accepted ranges: 1 kB to 1 EB for a checkpoint, 1 kB/s to 1 PB/s for its write (100x the fastest file
+#: systems): wide enough for any job, narrow enough that a write never takes zero or infinite time.
+CHECKPOINT_GB = (1e-6, 1e9)
+WRITE_GBPS = (1e-6, 1e6)
+DEFAULT_GPUS_PER_NODE = 8
+#: The flags that override a ReliabilityDefaults field, so that a bad value names the flag.
+RELIABILITY_FLAGS = {"restart_min": "--restart-min", "failure_stats": "--failures"}
+
+
+def _check_range(flag: str, value: float, bounds: tuple[float, float], unit: str) -> None:
+    if not bounds[0] <= value <= bounds[1]:
+        raise InputError(f"{flag} must be between {bounds[0]:g} and {bounds[1]:g} {unit}, got {value:g}")
+
+
+def _check_interval(interval_min: float, write_s: float, restart_s: float, mtti_s: float) -> None:
+    """Refuse an --interval-min at which the job would make no progress (when some interval would)."""
+    from gpufleet.reliability.checkpoint import daly_interval_s
+    from gpufleet.reliability.goodput import progress_interval_range_s
+
+    span = progress_interval_range_s(write_s=write_s, restart_s=restart_s, mtti_s=mtti_s)
+    if span is None:  # no interval helps: estimate_reliability says why (failures outpace checkpoints)
+        return
+    shortest, longest = _inward(span[0] / 60, up=True), _inward(span[1] / 60, up=False)
+    if not shortest <= interval_min <= longest:
+        raise InputError(
+            f"--interval-min {interval_min:g} leaves the job no progress: with an interruption every "
+            f"{mtti_s / 60:.3g} min and a {write_s:.3g} s checkpoint, it must be between {shortest:.3g} and "
+            f"{longest:.3g} min (optimum {daly_interval_s(write_s, mtti_s) / 60:.3g} min)"
+        )
+
+
+def _inward(value: float, *, up: bool) -> float:
+    """`value` to three significant figures, rounded up (a lower bound) or down (an upper bound), so that the
+    range printed holds only values that are inside it."""
+    unit = 10.0 ** (math.floor(math.log10(value)) - 2)
+    return (math.ceil(value / unit) if up else math.floor(value / unit)) * unit
 
 
 def register(app: typer.Typer) -> None:
     @app.command("reliability")
     def reliability(
         gpus: int = typer.Option(..., "--gpus", help="GPUs in the job."),
-        checkpoint_gb: float = typer.Option(None, "--checkpoint-gb", help="Checkpoint size, GB."),
+        checkpoint_gb: float = typer.Option(
+            None, "--checkpoint-gb", help=f"Checkpoint size, GB ({CHECKPOINT_GB[0]:g} to {CHECKPOINT_GB[1]:g}); "
+            "or give --params."
+        ),
         params: str = typer.Option(
-            None, "--params", help="Model parameters (e.g. 70B); sizes the checkpoint."
+            None, "--params", help="Model parameters (e.g. 70B); sizes the checkpoint (weights + optimizer state) "
+            "instead of --checkpoint-gb."
         ),
         write_gbps: float = typer.Option(
-            None, "--write-gbps", help="Aggregate checkpoint write bandwidth, GB/s."
+            None, "--write-gbps", help=f"Aggregate checkpoint write bandwidth, GB/s ({WRITE_GBPS[0]:g} to "
+            f"{WRITE_GBPS[1]:g}) [default: from --gpus-per-node]."
         ),
         restart_min: float = typer.Option(
             None, "--restart-min", help="Minutes to detect, reschedule, reload."
@@ -35,8 +77,9 @@ def register(app: typer.Typer) -> None:
         days: str = typer.Option(
             None, "--train-time", help="Failure-free training time (e.g. 30d) for totals."
         ),
-        gpus_per_node: int = typer.Option(
-            8, "--gpus-per-node", help="GPUs per node (sets default write bandwidth)."
+        gpus_per_node: int | None = typer.Option(
+            None, "--gpus-per-node", help="GPUs per node: nodes write in parallel, which sets the write bandwidth "
+            "when --write-gbps is not given [default: 8]."
         ),
         failures: str = typer.Option(None, "--failures", help="failure_stats id (default: llama3-405b)."),
         catalog: list[Path] = CatalogOption,
@@ -51,41 +94,65 @@ def register(app: typer.Typer) -> None:
         from gpufleet.units import parse_count, parse_duration_s
 
         cat = open_catalog(catalog)
-        defaults = reliability_defaults(cat, restart_min=restart_min, failure_stats=failures)
-        if gpus < 1 or gpus_per_node < 1:
-            raise InputError(f"--gpus and --gpus-per-node must be at least 1, got {gpus} and {gpus_per_node}")
-        model = FailureModel.from_stats(cat.get("failure_stats", defaults.failure_stats, FailureStats))
+        defaults = reliability_defaults(cat, flags=RELIABILITY_FLAGS, restart_min=restart_min,
+                                        failure_stats=failures)
+        if gpus < 1:
+            raise InputError(f"--gpus must be at least 1, got {gpus}")
+        if gpus_per_node is not None and gpus_per_node < 1:
+            raise InputError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+        try:
+            stats = cat.get("failure_stats", defaults.failure_stats, FailureStats)
+        except UnknownNameError as error:
+            if failures is None:  # the catalog's own default is missing: say so as the catalog says it
+                raise
+            raise InputError(f"--failures: {error}") from error
+        model = FailureModel.from_stats(stats)
+        if checkpoint_gb is not None and params is not None:
+            raise InputError("give --checkpoint-gb or --params, not both: each sets the checkpoint size")
         if checkpoint_gb is not None:
-            if not checkpoint_gb > 0:
-                raise InputError(f"--checkpoint-gb must be positive, got {checkpoint_gb:g}")
+            _check_range("--checkpoint-gb", checkpoint_gb, CHECKPOINT_GB, "GB")
             size = checkpoint_gb * 1e9
         elif params is not None:
+            count = parse_count(params, "--params")
+            if count < 1:
+                raise InputError(f"--params must be at least 1 parameter, got {params}")
             size = checkpoint_bytes(
-                parse_count(params, "--params"),
+                count,
                 weight_bytes_per_param=defaults.weight_bytes_per_param,
                 optimizer_bytes_per_param=defaults.optimizer_bytes_per_param,
             )
+            if not size <= CHECKPOINT_GB[1] * 1e9:
+                most = CHECKPOINT_GB[1] * 1e9 / (defaults.weight_bytes_per_param + defaults.optimizer_bytes_per_param)
+                raise InputError(f"--params {params} needs a checkpoint over {CHECKPOINT_GB[1]:g} GB; give at most "
+                                 f"{most:.3g} parameters")
         else:
             raise InputError("give --checkpoint-gb SIZE or --params COUNT (e.g. --params 70B)")
         if write_gbps is not None:
-            if not write_gbps > 0:
-                raise InputError(f"--write-gbps must be positive, got {write_gbps:g}")
+            if gpus_per_node is not None:
+                raise InputError("give --write-gbps or --gpus-per-node, not both: --gpus-per-node only sets the "
+                                 "write bandwidth when --write-gbps is not given")
+            _check_range("--write-gbps", write_gbps, WRITE_GBPS, "GB/s")
             bandwidth = write_gbps * 1e9
         else:
             bandwidth = write_bandwidth_bytes_per_s(
-                math.ceil(gpus / gpus_per_node),
+                math.ceil(gpus / (gpus_per_node or DEFAULT_GPUS_PER_NODE)),
                 per_node_bytes_per_s=defaults.write_bytes_per_s_per_node,
                 max_bytes_per_s=defaults.write_bytes_per_s_max,
             )
-        if interval_min is not None and not interval_min > 0:
-            raise InputError(f"--interval-min must be positive, got {interval_min:g}")
+        if interval_min is not None:
+            if not interval_min > 0:
+                raise InputError(f"--interval-min must be positive, got {interval_min:g}")
+            _check_interval(interval_min, size / bandwidth, defaults.restart_s, model.mtti_s(gpus))
+        train_s = parse_duration_s(days, "--train-time") if days else None
+        if train_s is not None and not math.isfinite(train_s):
+            raise InputError(f"--train-time must be a finite duration, got {days}")
         est = estimate_reliability(
             model,
             gpus=gpus,
             checkpoint_bytes=size,
             write_bytes_per_s=bandwidth,
             restart_s=defaults.restart_s,
-            train_time_s=parse_duration_s(days, "--train-time") if days else None,
+            train_time_s=train_s,
             interval_s=interval_min * 60 if interval_min is not None else None,
         )
         data: dict[str, Any] = {

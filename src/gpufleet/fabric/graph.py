@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpufleet.errors import InputError
-from gpufleet.fabric.topology import Cluster
+from gpufleet.fabric.topology import Cluster, Fabric
 
 GPU, NIC, SCALE_UP, LEAF, SPINE, CORE, GATEWAY = range(7)
 VERTEX_KINDS = ("gpu", "nic", "scale-up switch", "leaf", "spine", "core", "gateway")
@@ -211,34 +211,97 @@ def _add_scale_up(b: _Builder, cluster: Cluster, gpu_base: int) -> tuple[IntArra
     return edge_up, edge_down, mesh_edge
 
 
-def _leaf_ports(cluster: Cluster) -> tuple[IntArray, IntArray, int]:
-    """Leaf index of every NIC (node-major) and the leaf-group (scalable unit) of every node."""
+def _full_leaf(cluster: Cluster) -> int:
+    """What one full leaf serves: the nodes of a rail-optimized scalable unit (one NIC of each), else its
+    node-facing ports. Raises when a leaf cannot take that many."""
     fabric, node = cluster.fabric, cluster.node
-    nodes, nics = cluster.num_nodes, node.nics
-    radix = fabric.network.switch_radix
-    nic_node = np.repeat(np.arange(nodes), nics)
-    nic_local = np.tile(np.arange(nics), nodes)
+    nics, radix = node.nics, fabric.network.switch_radix
     if fabric.kind == "rail-optimized":
         unit = fabric.nodes_under_leaf(node)
         if unit > radix:
             raise InputError(f"{unit} nodes per rail leaf exceed the switch radix {radix}")
-        leaf = (nic_node // unit) * nics + nic_local
-        return leaf, np.arange(nodes) // unit, unit
+        return unit
     if nics > fabric.leaf_down_ports():  # a node wider than a leaf (NVL72): its NICs span several leaves
-        ports = fabric.leaf_down_ports()
-    else:
-        ports = fabric.nodes_under_leaf(node) * nics
-        if ports >= radix:
-            raise InputError(
-                f"{ports // nics} nodes x {nics} NICs per leaf need {ports} ports plus uplinks; "
-                f"a {fabric.network.id} switch has {radix}"
-            )
-    leaf = np.arange(nodes * nics) // ports
+        return fabric.leaf_down_ports()
+    ports = fabric.nodes_under_leaf(node) * nics
+    if ports >= radix:
+        raise InputError(
+            f"{ports // nics} nodes x {nics} NICs per leaf need {ports} ports plus uplinks; "
+            f"a {fabric.network.id} switch has {radix}"
+        )
+    return ports
+
+
+def _leaves_for(cluster: Cluster, nodes: int, full: int) -> int:
+    """Leaves that `nodes` nodes of `cluster` occupy, `full` being what `_full_leaf` says one leaf serves."""
+    if cluster.fabric.kind == "rail-optimized":
+        return math.ceil(nodes / full) * cluster.node.nics
+    return math.ceil(nodes * cluster.node.nics / full)
+
+
+def _leaves_per_group(fabric: Fabric) -> int:
+    """Leaves under one fat-tree pod or one dragonfly+ group: the down ports of a switch above the leaves."""
+    spine_os = fabric.spine_oversubscription
+    return max(1, int(fabric.network.switch_radix * spine_os / (1 + spine_os)))
+
+
+def max_leaves(fabric: Fabric) -> int:
+    """The most leaves the builders below can join: `radix` in a two-tier leaf-spine; radix pods of
+    radix·s/(1+s) leaves in a three-tier fat tree (rail-optimized alike); in a dragonfly+, one group more
+    than a spine's global ports (every group reaches every other directly)."""
+    radix = fabric.network.switch_radix
+    group = _leaves_per_group(fabric)
+    if fabric.kind == "leaf-spine":
+        return radix
+    if fabric.kind == "dragonfly+":
+        return group * (max(1, math.ceil(group / fabric.spine_oversubscription)) + 1)
+    return radix * group
+
+
+def max_gpus(cluster: Cluster) -> int:
+    """The most GPUs, in nodes like `cluster`'s, that its topology and switch radix can connect."""
+    full = _full_leaf(cluster)
+    most = max_leaves(cluster.fabric)
+    nics = cluster.node.nics
+    nodes = full * (most // nics) if cluster.fabric.kind == "rail-optimized" else most * full // nics
+    return nodes * cluster.gpus_per_node
+
+
+def check_size(cluster: Cluster) -> None:
+    """Refuse, by arithmetic and before anything is built, a cluster larger than its topology can connect."""
+    full = _full_leaf(cluster)
+    leaves = _leaves_for(cluster, cluster.num_nodes, full)
+    most = max_leaves(cluster.fabric)
+    if leaves <= most:
+        return
+    fabric = cluster.fabric
+    shape = {"fat-tree": "three-tier fat tree", "leaf-spine": "two-tier leaf-spine",
+             "rail-optimized": "three-tier rail-optimized fabric", "dragonfly+": "dragonfly+ fabric"}[fabric.kind]
+    hint = "use --topology fat-tree (three tiers), higher-radix switches (--network) or fewer GPUs" \
+        if fabric.kind == "leaf-spine" else "use higher-radix switches (--network), fewer GPUs, or split the job"
+    raise InputError(
+        f"{cluster.gpus:,} GPUs need {leaves:,} leaf switches, but a {shape} of {fabric.network.id} switches "
+        f"(radix {fabric.network.switch_radix}) at {fabric.oversubscription:g}:1 joins at most {most:,} leaves: "
+        f"at most {max_gpus(cluster):,} GPUs in {cluster.node.id} nodes; {hint}"
+    )
+
+
+def _leaf_ports(cluster: Cluster) -> tuple[IntArray, IntArray, int]:
+    """Leaf index of every NIC (node-major) and the leaf-group (scalable unit) of every node."""
+    nodes, nics = cluster.num_nodes, cluster.node.nics
+    full = _full_leaf(cluster)
+    nic_node = np.repeat(np.arange(nodes), nics)
+    nic_local = np.tile(np.arange(nics), nodes)
+    if cluster.fabric.kind == "rail-optimized":
+        leaf = (nic_node // full) * nics + nic_local
+        return leaf, np.arange(nodes) // full, full
+    leaf = np.arange(nodes * nics) // full
     group = leaf[np.arange(nodes) * nics]
-    return leaf, group, ports
+    return leaf, group, full
 
 
 def _add_cluster(b: _Builder, cluster: Cluster, gpu_base: int, node_base: int) -> _ClusterPart:
+    check_size(cluster)
     fabric, node, network = cluster.fabric, cluster.node, cluster.fabric.network
     gpn, nodes, nics = cluster.gpus_per_node, cluster.num_nodes, node.nics
     radix = network.switch_radix
@@ -318,12 +381,7 @@ def _add_upper_tiers(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: I
         spines = b.add_vertices(SPINE, _even_spine_count(int(uplinks.sum()), int(uplinks.max()), radix))
         _spread(b, leaves, uplinks, spines, cap, hop, "leaf-spine", "spine-leaf")
         return spines
-    if fabric.kind == "leaf-spine":
-        raise InputError(
-            f"a two-tier leaf-spine of {fabric.network.id} (radix {radix}) holds at most {radix} leaves; "
-            f"this cluster needs {n_leaves}: use --topology fat-tree (three tiers) or higher-radix switches"
-        )
-    pod = max(1, int(radix * spine_os / (1 + spine_os)))  # leaves per pod = aggregation down ports
+    pod = _leaves_per_group(fabric)  # leaves per pod = aggregation down ports (check_size kept pods <= radix)
     pods = math.ceil(n_leaves / pod)
     per_pod = int(uplinks.max())  # one aggregation switch per leaf uplink index
     aggs = b.add_vertices(SPINE, pods * per_pod)
@@ -333,11 +391,6 @@ def _add_upper_tiers(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: I
     b.add_both(leaves[owners], aggs[pod_of_leaf[owners] * per_pod + u], cap, hop, hop, "leaf-spine", "spine-leaf")
     agg_down = np.bincount(pod_of_leaf[owners] * per_pod + u, minlength=pods * per_pod)
     agg_up = np.where(agg_down > 0, np.ceil(agg_down / spine_os - 1e-9), 0).astype(np.int64)
-    if pods > radix:
-        raise InputError(
-            f"{n_leaves} leaves exceed a three-tier fat tree of radix {radix} "
-            f"(at most {radix * pod} leaves); use higher-radix switches"
-        )
     cores_all: list[IntArray] = []
     for index in range(per_pod):  # core group `index` serves aggregation switch `index` of every pod
         members = np.arange(pods) * per_pod + index
@@ -353,9 +406,8 @@ def _add_upper_tiers(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: I
 def _add_dragonfly(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: IntArray, cap: float,
                    hop: float) -> IntArray:
     fabric = cluster.fabric
-    radix = fabric.network.switch_radix
     spine_os = fabric.spine_oversubscription
-    per_group = max(1, int(radix * spine_os / (1 + spine_os)))
+    per_group = _leaves_per_group(fabric)
     n_leaves = len(leaves)
     groups = math.ceil(n_leaves / per_group)
     per_spine_set = int(uplinks.max())
@@ -367,12 +419,7 @@ def _add_dragonfly(b: _Builder, cluster: Cluster, leaves: IntArray, uplinks: Int
                "leaf-spine", "spine-leaf")
     if groups == 1:
         return spines
-    global_ports = max(1, math.ceil(min(per_group, n_leaves) / spine_os))
-    if groups - 1 > global_ports:
-        raise InputError(
-            f"dragonfly+ with {groups} groups needs {groups - 1} global ports per spine; a {fabric.network.id} "
-            f"spine has {global_ports} at {spine_os:g}:1: use higher-radix switches or a fat tree"
-        )
+    global_ports = max(1, math.ceil(min(per_group, n_leaves) / spine_os))  # check_size kept groups - 1 <= it
     multiplicity = max(1, global_ports // (groups - 1))
     g_a, g_b = np.triu_indices(groups, k=1)
     for index in range(per_spine_set):

@@ -50,19 +50,35 @@ class Fabric:
         return max(1, self.leaf_down_ports() // node.nics)
 
 
+def _fits_nodes(node: NodeSpec, gpus: int) -> bool:
+    """Whether `gpus` fill whole nodes, part of one, or spread evenly over the fewest nodes that hold them."""
+    return gpus <= node.gpus or gpus % node.gpus == 0 or gpus % math.ceil(gpus / node.gpus) == 0
+
+
+def check_node_holds(node: NodeSpec, gpu_id: str) -> None:
+    """Refuse a node that holds another GPU than the one asked for (`--node` and `--gpu` disagree)."""
+    if node.gpu != gpu_id:
+        raise InputError(
+            f"--node {node.id} holds {node.gpu} GPUs, not --gpu {gpu_id}; leave out --node to use {gpu_id}'s "
+            f"default node, or pick a node that holds {gpu_id} (`gpufleet catalog list nodes`)"
+        )
+
+
 def node_as_used(node: NodeSpec, gpus: int) -> NodeSpec:
     """The node as a job of `gpus` GPUs uses it. A count that fills whole nodes (or part of one) uses them as
     they are; otherwise the job spreads evenly over the fewest nodes that hold it, each with that share of its
     GPUs and their NICs — 256 GPUs on 72-GPU NVL72 racks run as 4 racks of 64, as NVIDIA's own GB200
     benchmarks do. A count that does not spread evenly is an InputError."""
+    if not _fits_nodes(node, gpus):
+        below = next(count for count in range(gpus - 1, 0, -1) if _fits_nodes(node, count))
+        above = next(count for count in range(gpus + 1, 2 * gpus + node.gpus) if _fits_nodes(node, count))
+        raise InputError(
+            f"{gpus} GPUs neither fill whole {node.id} nodes of {node.gpus} GPUs nor spread evenly over the "
+            f"{math.ceil(gpus / node.gpus)} nodes that would hold them; the nearest counts that do: {below} or {above}"
+        )
     if gpus <= node.gpus or gpus % node.gpus == 0:
         return node
     nodes = math.ceil(gpus / node.gpus)
-    if gpus % nodes:
-        raise InputError(
-            f"{gpus} GPUs neither fill whole {node.id} nodes of {node.gpus} GPUs nor spread evenly over {nodes} "
-            f"of them; use a multiple of {node.gpus} or of {nodes}"
-        )
     used = gpus // nodes
     return node.model_copy(update={
         "gpus": used,
@@ -84,8 +100,7 @@ class Cluster:
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise InputError(f"GPU count must be positive, got {self.gpus}")
-        if self.node.gpu != self.gpu.id:
-            raise InputError(f"node {self.node.id} holds {self.node.gpu}, not {self.gpu.id}")
+        check_node_holds(self.node, self.gpu.id)
         # `node` is the node as this job uses it (a count that does not fill whole nodes spreads evenly)
         object.__setattr__(self, "node", node_as_used(self.node, self.gpus))
 

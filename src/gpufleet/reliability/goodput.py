@@ -14,6 +14,7 @@ so goodput = T_s / T_wall = tau / (M * exp(R/M) * expm1((tau + delta)/M)). For t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from gpufleet.errors import InfeasibleError, InputError
 
@@ -28,16 +29,50 @@ def goodput(*, interval_s: float, write_s: float, restart_s: float, mtti_s: floa
         raise InputError("checkpoint write time and restart time must not be negative")
     if not mtti_s > 0:
         raise InputError(f"mean time to interruption must be positive, got {mtti_s!r} s")
-    exponent = (interval_s + write_s) / mtti_s
-    log_denominator = math.log(mtti_s) + restart_s / mtti_s + _log_expm1(exponent)
-    log_goodput = math.log(interval_s) - log_denominator
-    value = math.exp(min(log_goodput, 0.0))
+    value = math.exp(min(_log_goodput(math.log(interval_s), write_s, restart_s, mtti_s), 0.0))
     if value < _MIN_GOODPUT:
         raise InfeasibleError(
             f"the job cannot make progress: mean time to interruption {mtti_s / 60:.3g} min is too short "
             f"for a {write_s / 60:.3g} min checkpoint and a {restart_s / 60:.3g} min restart"
         )
     return value
+
+
+def progress_interval_range_s(*, write_s: float, restart_s: float, mtti_s: float) -> tuple[float, float] | None:
+    """The checkpoint intervals (s) at which the job makes progress (goodput at least `_MIN_GOODPUT`, as
+    `goodput` requires): a shortest and a longest around Daly's optimum. None when even the optimum does not."""
+    from gpufleet.reliability.checkpoint import daly_interval_s
+
+    if not (write_s > 0 and restart_s >= 0 and mtti_s > 0):
+        raise InputError("checkpoint write time and mean time to interruption must be positive, restart time "
+                         "not negative")
+    floor = math.log(_MIN_GOODPUT)
+
+    def progresses(log_interval: float) -> bool:
+        return _log_goodput(log_interval, write_s, restart_s, mtti_s) >= floor
+
+    best = math.log(daly_interval_s(write_s, mtti_s))
+    if not progresses(best):
+        return None
+    # goodput rises up to the optimum and falls after it: bisect log(interval) on each side
+    shortest = _edge(progresses, inside=best, outside=best - 700.0)
+    longest = _edge(progresses, inside=best, outside=math.log(max(mtti_s, math.exp(best)) * 1e3))
+    return math.exp(shortest), math.exp(longest)
+
+
+def _edge(progresses: Callable[[float], bool], *, inside: float, outside: float) -> float:
+    """The boundary between `inside` (progress) and `outside` (none), to within a relative 1e-9."""
+    if progresses(outside):
+        return outside
+    for _ in range(200):
+        middle = (inside + outside) / 2
+        if progresses(middle):
+            inside = middle
+        else:
+            outside = middle
+        if abs(outside - inside) < 1e-9:
+            break
+    return inside
 
 
 def wall_time_s(train_time_s: float, goodput_fraction: float) -> float:
@@ -47,6 +82,12 @@ def wall_time_s(train_time_s: float, goodput_fraction: float) -> float:
     if not 0 < goodput_fraction <= 1:
         raise InputError(f"goodput must be in (0, 1], got {goodput_fraction!r}")
     return train_time_s / goodput_fraction
+
+
+def _log_goodput(log_interval: float, write_s: float, restart_s: float, mtti_s: float) -> float:
+    """log(goodput) for an interval of exp(`log_interval`) seconds (in logs, so that no term overflows)."""
+    exponent = (math.exp(log_interval) + write_s) / mtti_s
+    return log_interval - math.log(mtti_s) - restart_s / mtti_s - _log_expm1(exponent)
 
 
 def _log_expm1(x: float) -> float:
