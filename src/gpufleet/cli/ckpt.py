@@ -9,20 +9,63 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.cli.output import EXIT_CHECK_FAILED, Output, fail
+from gpufleet.errors import InputError
 
 WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a URL (s3://bucket/prefix, file://…).")
 StepOption = typer.Option(None, "--step", help="Only this step (default: every checkpoint).")
+URL_FORMS = "a folder, or a URL such as s3://bucket/prefix"
+
+
+def _open_url(where: str) -> tuple[Any, str]:
+    """The file system and path of a root the user typed; refuses an empty path and a URL with no bucket."""
+    from gpufleet.runtime.checkpoint.store import is_local, open_url
+
+    if not where.strip():
+        raise InputError(f"a checkpoint root is required ({URL_FORMS}), got an empty path")
+    fs, root = open_url(where)
+    if not root:
+        if is_local(fs):
+            raise InputError(f"a checkpoint root is required ({URL_FORMS}), got {where!r}")
+        scheme = where.split("://", 1)[0]
+        raise InputError(f"{where} names no bucket: a bucket is required, as in {scheme}://BUCKET or "
+                         f"{scheme}://BUCKET/PREFIX")
+    return fs, root
 
 
 def _open(where: str) -> tuple[Any, str]:
+    """An existing folder of checkpoints (or store prefix)."""
     from gpufleet.runtime.checkpoint.errors import CheckpointError
-    from gpufleet.runtime.checkpoint.store import open_url
 
-    fs, root = open_url(where)
+    fs, root = _open_url(where)
     if not fs.exists(root):
         raise CheckpointError(f"{where} does not exist")
+    if not fs.isdir(root):
+        raise CheckpointError(f"{where} is a file, not a folder of checkpoints ({URL_FORMS})")
     return fs, root
+
+
+def _destination(where: str) -> tuple[Any, str]:
+    """A root to copy into: an existing folder, or one that can be created (on a local disk, created here)."""
+    from gpufleet.runtime.checkpoint.errors import CheckpointError
+    from gpufleet.runtime.checkpoint.store import is_local
+
+    fs, root = _open_url(where)
+    if fs.exists(root) and not fs.isdir(root):
+        raise CheckpointError(f"{where} is a file; the destination must be a folder (it is created if missing)")
+    if is_local(fs):
+        try:
+            fs.makedirs(root, exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"cannot create the destination folder {where}: {error.strerror or error}") from error
+    return fs, root
+
+
+def _check_step(step: int | None) -> None:
+    from gpufleet.runtime.checkpoint.names import MAX_STEP
+
+    if step is not None and not 0 <= step <= MAX_STEP:
+        raise InputError(f"--step must be an integer in [0, {MAX_STEP}], got {step}")
 
 
 def _human_bytes(size: int | None) -> str:
@@ -42,23 +85,23 @@ def register(app: typer.Typer) -> None:
 
     @group.command("list")
     def list_(where: str = WhereArgument, json: bool = JsonOption) -> None:
-        """List checkpoints: step, complete (manifest present), size, ranks; no checksums read."""
-        from gpufleet.runtime.checkpoint.errors import CorruptCheckpointError
-        from gpufleet.runtime.checkpoint.store import list_checkpoints
-        from gpufleet.runtime.checkpoint.verify import read_manifest
+        """List checkpoints: step, complete (manifest intact, every file it names present at its size), size, ranks.
 
-        fs, root = _open(where)
-        rows = []
-        for info in list_checkpoints(fs, root):
-            row: dict[str, Any] = {"step": info.step, "path": info.path, "complete": info.complete,
-                                   "size_bytes": None, "world_size": None}
-            if info.complete:
-                try:
-                    manifest = read_manifest(fs, info.path)
-                    row.update(size_bytes=manifest.total_bytes, world_size=manifest.world_size)
-                except CorruptCheckpointError:
-                    row["complete"] = False
-            rows.append(row)
+        No checksums are read: `gpufleet ckpt verify` reads every byte.
+        """
+        from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
+        from gpufleet.runtime.checkpoint.verify import check_complete
+
+        rows: list[dict[str, Any]] = []
+        with store_errors(where):
+            fs, root = _open(where)
+            for info in list_checkpoints(fs, root):
+                report = check_complete(fs, info.path)
+                manifest = report.manifest
+                rows.append({"step": info.step, "path": info.path, "complete": report.ok,
+                             "size_bytes": manifest.total_bytes if manifest else None,
+                             "world_size": manifest.world_size if manifest else None,
+                             "problems": report.problems})
 
         def render(console: Console) -> None:
             table = Table(title=f"checkpoints in {where}", title_justify="left")
@@ -73,25 +116,31 @@ def register(app: typer.Typer) -> None:
 
     @group.command("verify")
     def verify(where: str = WhereArgument, step: int = StepOption, json: bool = JsonOption) -> None:
-        """Check every file of every checkpoint against its manifest; exit 1 naming each bad file."""
-        from gpufleet.runtime.checkpoint.names import step_dirname
-        from gpufleet.runtime.checkpoint.store import join, list_checkpoints
+        """Check every file of every checkpoint against its manifest; exit 1 naming each bad file.
+
+        A folder with no checkpoints in it also exits 1; a path that does not exist or is a file exits 2.
+        """
+        from gpufleet.runtime.checkpoint.errors import CheckpointError
+        from gpufleet.runtime.checkpoint.store import join, list_checkpoints, store_errors
         from gpufleet.runtime.checkpoint.verify import verify_checkpoint
 
-        fs, root = _open(where)
-        infos = list_checkpoints(fs, root)
-        if step is not None:
-            step_dirname(step)
-            infos = [info for info in infos if info.step == step]
-            if not infos:
-                from gpufleet.runtime.checkpoint.errors import CheckpointError
-
-                raise CheckpointError(f"no checkpoint step {step} in {where}")
+        _check_step(step)
+        out = Output(json)
         results: list[dict[str, Any]] = []
-        for info in infos:
-            report = verify_checkpoint(fs, info.path)
-            results.append({"step": info.step, "path": info.path, "ok": report.ok,
-                            "problems": [f"{join(info.path, p)}" for p in report.problems]})
+        with store_errors(where):
+            fs, root = _open(where)
+            infos = list_checkpoints(fs, root)
+            if step is not None:
+                infos = [info for info in infos if info.step == step]
+                if not infos:
+                    raise CheckpointError(f"no checkpoint step {step} in {where}")
+            if not infos:
+                out.emit({"root": where, "checkpoints": [], "ok": False}, lambda console: None)
+                fail(f"no checkpoints found in {where} (no step_… folders): nothing verified", EXIT_CHECK_FAILED)
+            for info in infos:
+                report = verify_checkpoint(fs, info.path)
+                results.append({"step": info.step, "path": info.path, "ok": report.ok,
+                                "problems": [f"{join(info.path, p)}" for p in report.problems]})
         bad = [r for r in results if not r["ok"]]
 
         def render(console: Console) -> None:
@@ -102,7 +151,6 @@ def register(app: typer.Typer) -> None:
                     console.print(f"      {problem}", soft_wrap=True)
             console.print(f"{len(results) - len(bad)} of {len(results)} checkpoints verify")
 
-        out = Output(json)
         out.emit({"root": where, "checkpoints": results, "ok": not bad}, render)
         if bad:
             out.exit(EXIT_CHECK_FAILED)
@@ -110,70 +158,117 @@ def register(app: typer.Typer) -> None:
     @group.command("prune")
     def prune(
         where: str = WhereArgument,
-        keep_last: int = typer.Option(..., "--keep-last", help="Keep this many newest complete checkpoints."),
+        keep_last: int = typer.Option(..., "--keep-last", help="Keep this many newest complete checkpoints (≥ 1)."),
         keep_every: int = typer.Option(None, "--keep-every", help="Also keep steps that are multiples of this."),
         incomplete: bool = typer.Option(False, "--incomplete", help="Also delete checkpoints without a manifest."),
+        checksums: bool = typer.Option(True, "--checksums/--no-checksums",
+                                       help="Read the newest checkpoints in full before counting them as kept "
+                                            "(default); --no-checksums trusts the manifest and file sizes alone."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be deleted, delete nothing."),
         json: bool = JsonOption,
     ) -> None:
-        """Delete old complete checkpoints (manifest first, so none is ever half-listed)."""
+        """Delete old complete checkpoints, keeping the newest --keep-last that are whole.
+
+        Only complete checkpoints (as `list` shows them) count towards --keep-last, so a damaged newer one
+        never costs an older good one. Damaged checkpoints (manifest present, but it or a file is bad) are
+        never deleted: they are left in place and reported, for `gpufleet ckpt verify` and a person to judge.
+        Checkpoints without a manifest are deleted only with --incomplete.
+        """
         from pathlib import Path
 
         from gpufleet.runtime.checkpoint.fsutil import remove_tree
-        from gpufleet.runtime.checkpoint.retention import steps_to_delete
-        from gpufleet.runtime.checkpoint.store import delete_checkpoint, list_checkpoints
+        from gpufleet.runtime.checkpoint.retention import plan_retention
+        from gpufleet.runtime.checkpoint.store import delete_checkpoint, is_local, list_checkpoints, store_errors
 
-        fs, root = _open(where)
-        infos = list_checkpoints(fs, root)
-        complete = {info.step: info for info in infos if info.complete}
-        doomed = [complete[s] for s in steps_to_delete(complete, keep_last, keep_every)]
-        if incomplete:
-            doomed += [info for info in infos if not info.complete]
-        local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-        if not dry_run:
-            for info in doomed:
-                if local:
-                    remove_tree(Path(info.path))
-                else:
-                    delete_checkpoint(fs, info.path)
-        data = {"root": where, "dry_run": dry_run, "deleted": [info.path for info in doomed]}
+        if keep_last < 1:
+            raise InputError(f"--keep-last must be at least 1 (the newest complete checkpoint is never deleted), "
+                             f"got {keep_last}")
+        if keep_every is not None and keep_every < 1:
+            raise InputError(f"--keep-every must be a positive number of steps (omit it to keep none extra), "
+                             f"got {keep_every}")
+        with store_errors(where):
+            fs, root = _open(where)
+            checkpoints = [(info.step, info.path) for info in list_checkpoints(fs, root)]
+            plan = plan_retention(fs, checkpoints, keep_last, keep_every, checksums=checksums)
+            doomed = dict(plan.delete)
+            if incomplete:
+                doomed.update(plan.incomplete)
+            doomed = dict(sorted(doomed.items()))
+            if not dry_run:
+                for path in doomed.values():
+                    if is_local(fs):
+                        remove_tree(Path(path))
+                    else:
+                        delete_checkpoint(fs, path)
+        damaged: list[dict[str, Any]] = [{"step": step, "path": path, "problems": problems}
+                   for step, (path, problems) in plan.damaged.items()]
+        data = {"root": where, "dry_run": dry_run, "deleted": list(doomed.values()), "kept": list(plan.keep.values()),
+                "damaged": damaged}
 
         def render(console: Console) -> None:
             verb = "would delete" if dry_run else "deleted"
-            for info in doomed:
-                console.print(f"{verb} step {info.step}  {info.path}")
-            console.print(f"{verb} {len(doomed)} checkpoint(s)")
+            for step, path in doomed.items():
+                console.print(f"{verb} step {step}  {path}")
+            for item in damaged:
+                console.print(f"left damaged step {item['step']}  {item['path']}: {'; '.join(item['problems'])}",
+                              soft_wrap=True)
+            summary = f"{verb} {len(doomed)} checkpoint(s), kept {len(plan.keep)} complete"
+            if damaged:
+                summary += (f"; left {len(damaged)} damaged checkpoint(s) in place, not counted as kept "
+                            f"(see `gpufleet ckpt verify {where}`)")
+            console.print(summary, soft_wrap=True)
 
         Output(json).emit(data, render)
 
     def _copy(src: str, dst: str, step: int | None, max_mib_per_s: float | None, json: bool, verb: str) -> None:
         from gpufleet.runtime.checkpoint.errors import CheckpointError
-        from gpufleet.runtime.checkpoint.store import TransferPolicy, copy_checkpoint, join, list_checkpoints, open_url
+        from gpufleet.runtime.checkpoint.store import (
+            TransferPolicy,
+            install_checkpoint,
+            join,
+            list_checkpoints,
+            store_errors,
+        )
         from gpufleet.runtime.checkpoint.verify import verify_checkpoint
 
-        src_fs, src_root = _open(src)
-        dst_fs, dst_root = open_url(dst)
-        policy = TransferPolicy(max_bytes_per_s=max_mib_per_s * 2**20 if max_mib_per_s else None)
-        infos = [i for i in list_checkpoints(src_fs, src_root) if i.complete and (step is None or i.step == step)]
+        _check_step(step)
+        if max_mib_per_s is not None and max_mib_per_s <= 0:
+            raise InputError(f"--max-mib-per-s must be a positive number of MiB/s (omit it for no cap), "
+                             f"got {max_mib_per_s:g}")
+        policy = TransferPolicy(max_bytes_per_s=None if max_mib_per_s is None else max_mib_per_s * 2**20)
+        with store_errors(src):
+            src_fs, src_root = _open(src)
+            infos = [i for i in list_checkpoints(src_fs, src_root) if i.complete and (step is None or i.step == step)]
         if step is not None and not infos:
             raise CheckpointError(f"no complete checkpoint step {step} in {src}")
+        if not infos:
+            fail(f"no complete checkpoints found in {src} (no step_… folder with a manifest): nothing {verb}",
+                 EXIT_CHECK_FAILED)
+        with store_errors(dst):
+            dst_fs, dst_root = _destination(dst)
         copied: list[dict[str, Any]] = []
         for info in infos:
-            report = verify_checkpoint(src_fs, info.path)
-            if not report.ok:
-                raise CheckpointError(f"{info.path} does not verify, not copied: {'; '.join(report.problems)}")
             target = join(dst_root, info.path.rstrip("/").rsplit("/", 1)[-1])
-            manifest = copy_checkpoint(src_fs, info.path, dst_fs, target, policy)
-            copied.append({"step": info.step, "to": target, "size_bytes": manifest.total_bytes})
+            with store_errors(f"{src} -> {dst}"):
+                report = verify_checkpoint(src_fs, info.path)
+                if not report.ok:
+                    raise CheckpointError(f"{info.path} does not verify, not copied: {'; '.join(report.problems)}")
+                manifest, fresh = install_checkpoint(src_fs, info.path, dst_fs, target, policy)
+            copied.append({"step": info.step, "to": target, "size_bytes": manifest.total_bytes, "copied": fresh})
 
         def render(console: Console) -> None:
             for item in copied:
-                console.print(f"{verb} step {item['step']} -> {item['to']} ({_human_bytes(item['size_bytes'])})")
-            console.print(f"{verb} {len(copied)} checkpoint(s)")
+                if item["copied"]:
+                    console.print(f"{verb} step {item['step']} -> {item['to']} ({_human_bytes(item['size_bytes'])})")
+                else:
+                    console.print(f"step {item['step']} already at {item['to']} (identical), skipped")
+            done = sum(1 for item in copied if item["copied"])
+            console.print(f"{verb} {done} checkpoint(s), {len(copied) - done} already there")
 
         Output(json).emit({"from": src, "to": dst, "copied": copied}, render)
 
-    BandwidthOption = typer.Option(None, "--max-mib-per-s", help="Cap the transfer rate (MiB/s).")
+    BandwidthOption = typer.Option(None, "--max-mib-per-s",
+                                   help="Cap the transfer rate (MiB/s, a positive number; omit for no cap).")
 
     @group.command("upload")
     def upload(
@@ -183,7 +278,11 @@ def register(app: typer.Typer) -> None:
         max_mib_per_s: float = BandwidthOption,
         json: bool = JsonOption,
     ) -> None:
-        """Upload verified complete checkpoints; each manifest goes last."""
+        """Upload verified complete checkpoints; each manifest goes last.
+
+        A step the destination already holds is skipped when identical and refused (exit 2) when different:
+        nothing is ever overwritten.
+        """
         _copy(root, url, step, max_mib_per_s, json, "uploaded")
 
     @group.command("download")
@@ -194,5 +293,9 @@ def register(app: typer.Typer) -> None:
         max_mib_per_s: float = BandwidthOption,
         json: bool = JsonOption,
     ) -> None:
-        """Download complete checkpoints, verified before and after; each manifest goes last."""
+        """Download complete checkpoints, verified first, into a hidden folder renamed into place when whole.
+
+        A step the destination already holds is skipped when identical and refused (exit 2) when different:
+        nothing is ever overwritten, and an interrupted download leaves the destination as it was.
+        """
         _copy(url, root, step, max_mib_per_s, json, "downloaded")

@@ -11,9 +11,15 @@ from gpufleet.runtime.checkpoint.errors import (
 )
 from gpufleet.runtime.checkpoint.manager import CheckpointManager, SaveStats
 from gpufleet.runtime.checkpoint.manifest import CHECKSUM, MANIFEST_NAME, FileEntry, Manifest
-from gpufleet.runtime.checkpoint.retention import steps_to_delete
-from gpufleet.runtime.checkpoint.store import CheckpointInfo, TransferPolicy, list_checkpoints, open_url
-from gpufleet.runtime.checkpoint.verify import VerifyReport, verify_checkpoint
+from gpufleet.runtime.checkpoint.retention import RetentionPlan, plan_retention, steps_to_delete
+from gpufleet.runtime.checkpoint.store import (
+    CheckpointInfo,
+    TransferPolicy,
+    install_checkpoint,
+    list_checkpoints,
+    open_url,
+)
+from gpufleet.runtime.checkpoint.verify import VerifyReport, check_complete, verify_checkpoint
 
 __all__ = [
     "CHECKSUM",
@@ -25,12 +31,16 @@ __all__ = [
     "CorruptCheckpointError",
     "FileEntry",
     "Manifest",
+    "RetentionPlan",
     "SaveStats",
     "TransferError",
     "TransferPolicy",
     "VerifyReport",
+    "check_complete",
+    "install_checkpoint",
     "list_checkpoints",
     "open_url",
+    "plan_retention",
     "steps_to_delete",
     "verify_checkpoint",
 ]

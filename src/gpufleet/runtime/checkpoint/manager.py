@@ -34,10 +34,11 @@ from gpufleet.runtime.checkpoint.names import (
     parse_step,
     step_dirname,
 )
-from gpufleet.runtime.checkpoint.retention import steps_to_delete
+from gpufleet.runtime.checkpoint.retention import plan_retention, steps_to_delete
 from gpufleet.runtime.checkpoint.store import (
     TransferPolicy,
     copy_checkpoint,
+    install_checkpoint,
     join,
     list_checkpoints,
     open_url,
@@ -354,9 +355,14 @@ class CheckpointManager:
         return None
 
     def _retain(self) -> None:
-        committed = self.steps()
-        for step in steps_to_delete(committed, self.keep_last, self.keep_every):
-            remove_tree(self.root / step_dirname(step))
+        """Delete old complete checkpoints; damaged ones are never counted towards `keep_last` nor deleted."""
+        plan = plan_retention(_local_fs(), [(step, str(path)) for step, path in self._local_dirs()],
+                              self.keep_last, self.keep_every)
+        for path, problems in plan.damaged.values():
+            log.warning("checkpoint %s is damaged (%s); retention leaves it in place and does not count it",
+                        path, "; ".join(problems))
+        for path in plan.delete.values():
+            remove_tree(Path(path))
 
     # -- upload and restore -----------------------------------------------------------------------
 
@@ -382,7 +388,7 @@ class CheckpointManager:
         if not local.exists():
             log.warning("step %d was pruned before its upload; skipped", step)
             return
-        copy_checkpoint(_local_fs(), str(local), fs, join(base, step_dirname(step)), self.transfer)
+        install_checkpoint(_local_fs(), str(local), fs, join(base, step_dirname(step)), self.transfer)
         self._uploaded.add(step)
 
     def _restore_from_store(self) -> int | None:

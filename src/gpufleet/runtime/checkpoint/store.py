@@ -3,22 +3,30 @@
 The copy protocol mirrors the local commit: every data file first, each checked by size after it
 lands, and the manifest last. A reader that sees a manifest therefore sees a whole checkpoint; a copy
 cut off at any point leaves a directory without a manifest, which is never listed as complete.
+`install_checkpoint` adds the rest: it never writes over another checkpoint, and on a local disk it
+copies into a hidden temporary sibling that is renamed into place only once whole and durable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
+import shutil
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+from gpufleet.errors import GpufleetError
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransferError
+from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, remove_tree
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
-from gpufleet.runtime.checkpoint.names import parse_step
-from gpufleet.runtime.checkpoint.verify import read_manifest
+from gpufleet.runtime.checkpoint.names import TMP_PREFIX, parse_step
+from gpufleet.runtime.checkpoint.verify import check_complete, read_manifest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +55,10 @@ class TransferPolicy:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One checkpoint directory found under a root: complete means its manifest is present."""
+    """One checkpoint directory found under a root: `complete` here means only that its manifest is present.
+
+    Whether it is whole (the manifest intact, every file there at its size) is `verify.check_complete`.
+    """
 
     step: int
     path: str
@@ -62,11 +73,52 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[A
         fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except (ValueError, ImportError) as error:
         raise CheckpointError(f"cannot open {url!r}: {error}") from error
-    return fs, str(path).rstrip("/")
+    path = str(path)
+    return fs, path.rstrip("/") or path  # "/" stays "/"; "s3://" gives "" (no bucket)
 
 
 def join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}"
+
+
+def is_local(fs: Any) -> bool:
+    """Whether `fs` is the local disk (where a directory rename is atomic)."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _credentials_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:
+        return ()
+    return (NoCredentialsError, PartialCredentialsError)
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        return ()
+    return (BotoCoreError,)
+
+
+@contextlib.contextmanager
+def store_errors(url: str) -> Iterator[None]:
+    """Turn what a store or a disk raises (missing credentials, a refused connection, an OSError) into one
+    CheckpointError that names `url` and says what to do."""
+    try:
+        yield
+    except GpufleetError:
+        raise
+    except _credentials_errors() as error:
+        raise CheckpointError(
+            f"no credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+            f"(a profile in ~/.aws/credentials) ({type(error).__name__})") from error
+    except _store_errors() as error:
+        raise CheckpointError(f"cannot reach the store for {url}: {error}") from error
+    except OSError as error:
+        where = error.filename if error.filename else url
+        raise CheckpointError(f"{where}: {error.strerror or error}") from error
 
 
 def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
@@ -146,13 +198,12 @@ def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
 
 
 def copy_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> Manifest:
-    """Copy one committed checkpoint, data files first and the manifest last; skip if already there."""
+    """Copy one committed checkpoint into `dst`, data files first and the manifest last.
+
+    Writes straight into `dst`, which should be new (a temporary directory, or a store prefix that
+    `install_checkpoint` checked): use `install_checkpoint` to copy into a root.
+    """
     manifest = read_manifest(src_fs, src)
-    try:
-        if read_manifest(dst_fs, dst).to_json() == manifest.to_json():
-            return manifest
-    except (CorruptCheckpointError, FileNotFoundError):
-        pass
     throttle = _Throttle(policy.max_bytes_per_s)
 
     def reset() -> None:
@@ -168,6 +219,70 @@ def copy_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Transf
                                    manifest_bytes, policy, throttle),
                  f"copy {join(src, MANIFEST_NAME)}", policy, reset)
     return manifest
+
+
+def _existing(fs: Any, path: str, manifest: Manifest) -> str:
+    """What is at `path` already: absent, leftover (no manifest), same (this checkpoint, whole), damaged, different."""
+    fs.invalidate_cache()
+    if not fs.exists(path):
+        return "absent"
+    if not fs.exists(join(path, MANIFEST_NAME)):
+        return "leftover"
+    try:
+        theirs = read_manifest(fs, path)
+    except CorruptCheckpointError:
+        return "damaged"
+    if theirs.to_json() != manifest.to_json():
+        return "different"
+    return "same" if check_complete(fs, path).ok else "damaged"
+
+
+def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> tuple[Manifest, bool]:
+    """Copy the committed checkpoint `src` to `dst`, never over another one; `(manifest, copied)`.
+
+    `copied` is False when `dst` already holds this very checkpoint, whole. When `dst` holds a different
+    checkpoint, or a damaged one, CheckpointError is raised and nothing is written. A directory without a
+    manifest (a copy cut off earlier, never complete) is replaced. On a local disk the copy goes into a
+    hidden temporary sibling, is checked and fsynced, and only then renamed to `dst`: a crash at any
+    instant leaves `dst` as it was. An object store has no rename: there the manifest, written last,
+    is the commit, and an interrupted copy leaves a prefix without one.
+    """
+    manifest = read_manifest(src_fs, src)
+    state = with_retries(lambda: _existing(dst_fs, dst, manifest), f"inspect {dst}", policy)
+    name = dst.rstrip("/").rsplit("/", 1)[-1]
+    if state == "same":
+        return manifest, False
+    if state == "different":
+        raise CheckpointError(f"{dst} already holds a different checkpoint of step {manifest.step}; not overwritten "
+                              f"(delete it first, or copy to another root)")
+    if state == "damaged":
+        raise CheckpointError(f"{dst} already holds a damaged checkpoint of step {manifest.step} (see `gpufleet ckpt "
+                              f"verify`); not overwritten (delete it first, or copy to another root)")
+    if not is_local(dst_fs):
+        if state == "leftover":
+            delete_checkpoint(dst_fs, dst)
+        copy_checkpoint(src_fs, src, dst_fs, dst, policy)
+        return manifest, True
+    final = Path(dst)
+    tmp = final.with_name(f"{TMP_PREFIX}copy-{name}-{uuid.uuid4().hex[:8]}")
+    try:
+        copy_checkpoint(src_fs, src, dst_fs, str(tmp), policy)
+        report = check_complete(dst_fs, str(tmp))
+        if not report.ok:
+            raise CheckpointError(f"copy of {src} did not arrive whole: {'; '.join(report.problems)}")
+        for path in sorted(tmp.rglob("*"), reverse=True):
+            (fsync_dir if path.is_dir() else fsync_file)(path)
+        fsync_dir(tmp)
+        if final.exists():
+            if (final / MANIFEST_NAME).exists():  # committed by someone else meanwhile: keep theirs
+                raise CheckpointError(f"{dst} appeared while copying; not overwritten")
+            remove_tree(final)
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return manifest, True
 
 
 def delete_checkpoint(fs: Any, path: str) -> None:

@@ -37,14 +37,15 @@ def read_manifest(fs: Any, path: str) -> Manifest:
     return Manifest.from_json(data, path)
 
 
-def _relative_listing(fs: Any, path: str) -> set[str]:
+def _relative_listing(fs: Any, path: str) -> dict[str, int]:
+    """Every file under `path` with its size in bytes, from one listing (no request per file)."""
     base = fs._strip_protocol(path).rstrip("/") + "/"
-    names = set()
-    for found in fs.find(path, withdirs=False):
+    sizes = {}
+    for found, info in fs.find(path, withdirs=False, detail=True).items():
         stripped = fs._strip_protocol(found)
         if stripped.startswith(base):
-            names.add(stripped[len(base):])
-    return names
+            sizes[stripped[len(base):]] = int(info["size"])
+    return sizes
 
 
 def verify_checkpoint(fs: Any, path: str, *, checksums: bool = True) -> VerifyReport:
@@ -61,7 +62,7 @@ def verify_checkpoint(fs: Any, path: str, *, checksums: bool = True) -> VerifyRe
         if name not in present:
             report.problems.append(f"{name}: missing")
             continue
-        size = int(fs.info(_join(path, name))["size"])
+        size = present[name]
         if size != entry.size_bytes:
             report.problems.append(f"{name}: size {size} bytes, manifest says {entry.size_bytes}")
             continue
@@ -70,6 +71,16 @@ def verify_checkpoint(fs: Any, path: str, *, checksums: bool = True) -> VerifyRe
                 actual = hash_stream(handle)
             if actual.checksum != entry.checksum:
                 report.problems.append(f"{name}: checksum mismatch (bit rot or a partial overwrite)")
-    for extra in sorted(present - set(manifest.files) - {MANIFEST_NAME}):
+    for extra in sorted(set(present) - set(manifest.files) - {MANIFEST_NAME}):
         report.problems.append(f"{extra}: not listed in the manifest")
     return report
+
+
+def check_complete(fs: Any, path: str) -> VerifyReport:
+    """Whether the checkpoint at `path` is complete: the one definition `list`, `prune`, copies and retention use.
+
+    Complete means the manifest is present and intact (it carries its own checksum) and names exactly the
+    files that are there, each with the size it lists. No data is read: a flipped bit inside a data file
+    is found only by `verify_checkpoint` with checksums.
+    """
+    return verify_checkpoint(fs, path, checksums=False)

@@ -1,0 +1,237 @@
+"""`gpufleet ckpt` as a user runs it (a real subprocess, real checkpoint folders, moto on 127.0.0.1):
+prune never trades good checkpoints for damaged newer ones, copies never overwrite and survive a kill,
+and every bad path, URL or flag is one line on stderr."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _workers import expected_state, same_state  # noqa: E402
+from conftest import S3  # noqa: E402
+
+from gpufleet.runtime.checkpoint import CheckpointManager, open_url, verify_checkpoint  # noqa: E402
+from gpufleet.runtime.checkpoint.manager import _local_fs  # noqa: E402
+from gpufleet.runtime.checkpoint.names import step_dirname  # noqa: E402
+
+ENTRY = "import sys\nfrom gpufleet.cli.main import run\nrun(sys.argv[1:])\n"
+
+
+def s3_entry(server: S3) -> str:
+    """The entry point, with s3:// URLs pointed at the test server (as a user's AWS config would)."""
+    return ("import sys, gpufleet.runtime.checkpoint.store as st\n"
+            f"opts = {server.options(via_proxy=False)!r}\n"
+            "real = st.open_url\n"
+            "st.open_url = lambda u, o=None: real(u, opts if u.startswith('s3://') else o)\n" + ENTRY)
+
+
+def no_aws_env() -> dict[str, str]:
+    """The environment of a user with no AWS credentials anywhere (and no instance metadata to ask)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") or k == "AWS_CA_BUNDLE"}
+    env.update(AWS_SHARED_CREDENTIALS_FILE="/nonexistent/credentials", AWS_CONFIG_FILE="/nonexistent/config",
+               AWS_EC2_METADATA_DISABLED="true")
+    return env
+
+
+def cli(*args: str, entry: str = ENTRY, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", entry, "ckpt", *args], capture_output=True, text=True,
+                          timeout=180, env=env if env is not None else no_aws_env())
+
+
+def one_line(proc: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: ")
+    return proc.stderr
+
+
+def saved(root: Path, steps: list[int], state: Any = None) -> None:
+    manager = CheckpointManager(root, keep_last=100)
+    for step in steps:
+        manager.save(expected_state(step) if state is None else state, step, blocking=True)
+    manager.close()
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under `root` with a digest of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def ckpt_dir(root: Path, step: int) -> Path:
+    return root / step_dirname(step)
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "bit flip in the manifest": lambda d: _flip(d / "manifest.json", 60),
+    "missing data file": lambda d: (d / "__0_0.distcp").unlink(),
+    "truncated data file": lambda d: os.truncate(d / "__0_0.distcp", 100),
+    "bit flip in a data file": lambda d: _flip(d / "__0_0.distcp", 4000),
+}
+
+
+# -- prune ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_prune_keeps_the_newest_good_checkpoint_when_a_newer_one_is_damaged(tmp_path: Path, damage: str) -> None:
+    saved(tmp_path, [1, 2, 3])
+    DAMAGE[damage](ckpt_dir(tmp_path, 3))
+    damaged_before = snapshot(ckpt_dir(tmp_path, 3))
+    proc = cli("prune", str(tmp_path), "--keep-last", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["deleted"] == [str(ckpt_dir(tmp_path, 1))]
+    assert result["kept"] == [str(ckpt_dir(tmp_path, 2))]
+    assert [d["step"] for d in result["damaged"]] == [3] and result["damaged"][0]["problems"]
+    assert not ckpt_dir(tmp_path, 1).exists()
+    assert verify_checkpoint(_local_fs(), str(ckpt_dir(tmp_path, 2))).ok  # the good one survives, whole
+    assert snapshot(ckpt_dir(tmp_path, 3)) == damaged_before  # the damaged one is left alone, untouched
+    found = CheckpointManager(tmp_path).load_latest()
+    assert found is not None and found[0] == 2 and same_state(found[1], expected_state(2))
+
+
+def test_prune_says_what_it_left_and_list_agrees_on_what_is_complete(tmp_path: Path) -> None:
+    saved(tmp_path, [1, 2, 3])
+    DAMAGE["missing data file"](ckpt_dir(tmp_path, 3))
+    listed = json.loads(cli("list", str(tmp_path), "--json").stdout)["checkpoints"]
+    assert [(row["step"], row["complete"]) for row in listed] == [(1, True), (2, True), (3, False)]
+    proc = cli("prune", str(tmp_path), "--keep-last", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "would delete step 1" in proc.stdout and "left damaged step 3" in proc.stdout
+    assert "__0_0.distcp: missing" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == [step_dirname(s) for s in (1, 2, 3)]
+    assert "never deleted" in cli("prune", "--help").stdout
+
+
+def test_manager_retention_does_not_count_a_damaged_checkpoint(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    manager.save(expected_state(1), 1, blocking=True)
+    manager.save(expected_state(2), 2, blocking=True)
+    DAMAGE["missing data file"](ckpt_dir(tmp_path, 2))
+    manager.save(expected_state(3), 3, blocking=True)
+    assert manager.steps() == [1, 2, 3]  # 1 and 3 are the two kept; 2 is damaged, left, not counted
+    assert same_state(manager.load(1), expected_state(1))
+    manager.close()
+
+
+# -- upload / download: never overwrite, crash-safe ----------------------------------------------------
+
+
+def test_download_refuses_to_overwrite_a_different_checkpoint_and_skips_an_identical_one(tmp_path: Path) -> None:
+    source, other, dest = tmp_path / "source", tmp_path / "other", tmp_path / "dest"
+    saved(source, [5])
+    saved(other, [5], state=expected_state(99))  # step 5 again, different bytes
+    assert cli("download", str(source), str(dest)).returncode == 0
+    before = snapshot(dest)
+    line = one_line(cli("download", str(other), str(dest)))
+    assert "different checkpoint of step 5" in line and "not overwritten" in line
+    assert snapshot(dest) == before
+    proc = cli("download", str(source), str(dest))
+    assert proc.returncode == 0 and "already at" in proc.stdout, proc.stderr
+    assert snapshot(dest) == before
+    found = CheckpointManager(dest).load_latest()
+    assert found is not None and same_state(found[1], expected_state(5))
+
+
+def test_upload_refuses_to_overwrite_a_different_checkpoint_in_the_store(s3: tuple[S3, str], tmp_path: Path) -> None:
+    server, url = s3
+    saved(tmp_path / "a", [4])
+    saved(tmp_path / "b", [4], state=expected_state(77))
+    entry = s3_entry(server)
+    assert cli("upload", str(tmp_path / "a"), url, entry=entry).returncode == 0
+    line = one_line(cli("upload", str(tmp_path / "b"), url, entry=entry))
+    assert "different checkpoint of step 4" in line
+    fs, root = open_url(url, server.options(via_proxy=False))
+    assert verify_checkpoint(fs, f"{root}/{step_dirname(4)}").ok
+    assert cli("download", url, str(tmp_path / "c"), entry=entry).returncode == 0
+    found = CheckpointManager(tmp_path / "c").load_latest()
+    assert found is not None and same_state(found[1], expected_state(4))
+
+
+def test_a_download_killed_midway_leaves_the_destination_as_it_was(tmp_path: Path) -> None:
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    saved(source, [7], state={"w": torch.randn(6 * 2**20)})  # 24 MiB: about 12 s at the cap below
+    saved(dest, [1])
+    before = snapshot(dest)
+    proc = subprocess.Popen([sys.executable, "-c", ENTRY, "ckpt", "download", str(source), str(dest),
+                             "--max-mib-per-s", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.is_file() and p.stat().st_size > 0 and p.name != "latest" and str(p.relative_to(dest))
+                      not in before for p in dest.rglob("*")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the download never started writing"
+            time.sleep(0.05)
+        assert proc.poll() is None  # still copying: kill it mid-file
+    finally:
+        proc.kill()
+        proc.communicate()
+    verified = cli("verify", str(dest), "--json")
+    assert verified.returncode == 0, verified.stdout
+    assert [c["step"] for c in json.loads(verified.stdout)["checkpoints"]] == [1]
+    assert {k: v for k, v in snapshot(dest).items() if not k.startswith(".tmp-")} == before
+    assert cli("download", str(source), str(dest)).returncode == 0  # a retry completes
+    assert cli("verify", str(dest)).returncode == 0
+
+
+# -- one line, exit 2 ----------------------------------------------------------------------------------
+
+
+def test_bad_destinations_urls_and_missing_credentials_are_one_line(tmp_path: Path) -> None:
+    saved(tmp_path / "a", [1])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    assert "cannot create the destination folder /proc/x" in one_line(cli("upload", str(tmp_path / "a"), "/proc/x"))
+    assert "is a file" in one_line(cli("upload", str(tmp_path / "a"), str(a_file)))
+    assert "Not a directory" in one_line(cli("download", str(tmp_path / "a"), str(a_file / "sub")))
+    assert "bucket is required" in one_line(cli("list", "s3://"))
+    line = one_line(cli("list", "s3://any-bucket/x"))
+    assert "no credentials" in line and "AWS_ACCESS_KEY_ID" in line
+    assert a_file.read_text() == "not a folder\n"
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["upload", "{a}", "{dst}", "--max-mib-per-s", "0"], "--max-mib-per-s"),
+    (["download", "{a}", "{dst}", "--max-mib-per-s", "-1"], "--max-mib-per-s"),
+    (["prune", "{a}", "--keep-last", "0"], "--keep-last"),
+    (["prune", "{a}", "--keep-last", "-3"], "--keep-last"),
+    (["prune", "{a}", "--keep-last", "1", "--keep-every", "0"], "--keep-every"),
+    (["verify", "{a}", "--step", "-1"], "--step"),
+])
+def test_bad_flag_values_name_the_flag_and_touch_nothing(tmp_path: Path, args: list[str], flag: str) -> None:
+    saved(tmp_path / "a", [1, 2])
+    before = snapshot(tmp_path / "a")
+    line = one_line(cli(*(arg.format(a=tmp_path / "a", dst=tmp_path / "dst") for arg in args)))
+    assert flag in line, line
+    assert not any(field in line for field in ("keep_last", "keep_every", "max_bytes_per_s")), line
+    assert snapshot(tmp_path / "a") == before and not (tmp_path / "dst").exists()
+
+
+def test_verify_and_list_refuse_paths_that_hold_no_checkpoints(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x\n")
+    (tmp_path / "empty").mkdir()
+    assert "is a file" in one_line(cli("verify", str(a_file)))
+    assert "is a file" in one_line(cli("list", str(a_file)))
+    assert "does not exist" in one_line(cli("verify", str(tmp_path / "typo")))
+    assert "required" in one_line(cli("verify", ""))
+    assert "no checkpoints found" in one_line(cli("verify", str(tmp_path / "empty")), code=1)
+    assert "no complete checkpoints found" in one_line(cli("upload", str(tmp_path / "empty"), str(tmp_path / "d")),
+                                                       code=1)
