@@ -334,3 +334,11 @@ def test_durations_and_money_stay_readable_at_any_size() -> None:
     assert _days(2e10 * 365.25 * day) == "2e+10 y"  # a 1e30-token job: no 20-digit column
     assert [_money(67_795), _money(2.5e6), _money(7.2e9), _money(6.8e22)] == \
         ["$67,795", "$2.50M", "$7.20B", "$6.8e+22"]
+
+
+def test_a_node_alone_plans_for_the_gpu_it_holds() -> None:
+    done = gpufleet("plan", "--node", "ubb-mi300x", "--top", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cluster"]["gpu"] == "mi300x"
+    refused = gpufleet("plan", "--node", "ubb-mi300x", "-g", "h100-sxm")
+    assert "--node ubb-mi300x holds mi300x" in one_error_line(refused)

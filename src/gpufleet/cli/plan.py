@@ -181,7 +181,8 @@ def register(app: typer.Typer) -> None:
     def plan(
         model: str = typer.Option("llama3-8b", "--model", "-m", help="Model id (gpufleet catalog list models)."),
         tokens: str = typer.Option("1T", "--tokens", "-t", help="Training tokens, e.g. 15T, 300B."),
-        gpu: str = typer.Option("h100-sxm", "--gpu", "-g", help="GPU id (gpufleet catalog list gpus)."),
+        gpu: str = typer.Option(None, "--gpu", "-g", help="GPU id (gpufleet catalog list gpus) [default: the "
+                                "--node's GPU, else h100-sxm]."),
         gpus: str = typer.Option("64", "--gpus", "-n",
                                  help="GPU count; a list 64,128 or a range 64-1024 sweeps the scale."),
         node: str = typer.Option(None, "--node", help="Node id; default: the catalog's node for the GPU."),
@@ -278,6 +279,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--top must be at least 1, got {top}")
         if explain is not None and not 1 <= explain <= top:
             raise InputError(f"--explain RANK must be between 1 and --top ({top})")
+        gpu = gpu or (cat.node(node).gpu if node else "h100-sxm")
         base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
                            network=fabric, topology=cast(TopologyKind, topology),
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
