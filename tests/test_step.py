@@ -483,3 +483,21 @@ def test_cross_entropy_moves_its_op_sequence_bytes_by_hand() -> None:
     assert math.isclose(total_s, head_s + loss_s, rel_tol=1e-9)
     fused_s, _ = logits_compute_s(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", loss_bytes_per_logit=40)
     assert math.isclose(total_s - fused_s, 8192 * 128256 / 2 * 12 / (3.35e12 * 0.8), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(tp=4, sequence_parallel=True, ep=32, dp=512, sharding="zero3", recompute="full", micro_batch=1),
+    Layout(tp=2, sequence_parallel=True, ep=128, dp=1024, sharding="zero3", recompute="full", micro_batch=1),
+])
+def test_gradient_traffic_cannot_hide_behind_expert_traffic_on_the_same_nics(layout: Layout) -> None:
+    # DeepSeek-V3 on 2,048 H100s: the expert all-to-all and the ZeRO-3 gathers/reductions both leave the node
+    # through the same NICs, so the NICs' busy time — all of the data-parallel traffic plus the all-to-all the
+    # step exposes — is a lower bound on the step.
+    model = CATALOG.model("deepseek-v3")
+    job = Job(model=model, tokens=int(1e12), seq_len=4096, global_batch=2048, precision="fp8")
+    big = cluster(2048)
+    validate_layout(layout, model, big.gpus, job.global_batch, job.seq_len)
+    step = estimate_step(job, layout, big, CAL, StepOptions())
+    assert step.parts["comm.ep"].link.startswith("ndr400") and step.parts["comm.dp"].link.startswith("ndr400")
+    nic_busy_s = step.parts["comm.dp"].total_s + step.parts["comm.ep"].exposed_s
+    assert step.step_s >= nic_busy_s

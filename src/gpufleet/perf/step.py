@@ -441,6 +441,14 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     # fixed shapes and the host runs ahead; it only shows when it is slower than the GPU.
     moe_host_exposed_s = moe_host_s if options.moe_dropless else max(0.0, moe_host_s - moe_device_s)
 
+    # Exposed communication that rides the network cards: the data-parallel reduction (which uses them too when
+    # its group leaves the node) cannot hide behind it, only behind compute and scale-up traffic.
+    dp_crosses_nodes = group_span(layout, "dp_cp", cluster, options.placement).nodes > 1
+    cp_on_nics = cp_per_layer_s if dp_crosses_nodes and group_span(
+        layout, "cp", cluster, options.placement).nodes > 1 else 0.0
+    ep_on_nics = ep_per_layer_s if dp_crosses_nodes and layout.ep > 1 and group_span(
+        layout, "ep", cluster, options.placement).nodes > 1 else 0.0
+
     dense_time = device_layer_time(dense_layer, False) if dense_layer else 0.0
     moe_time = moe_device_s + moe_host_exposed_s if moe_layer else 0.0
     logits_s, logits_flops = logits_compute_s(model, layout, cluster.gpu, calibration, seq_len=seq,
@@ -457,11 +465,13 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         job, layout, cluster, options, ((dense_layer, False), (moe_layer, True)))
 
     stage_times = []
+    stage_nic_s = []  # per micro-batch, exposed seconds the stage's NICs carry EP/CP traffic
     for stage, (n_dense, n_moe) in enumerate(stage_layer_split(model.layers, pp, vpp, moe_from)):
         t = n_dense * dense_time + n_moe * moe_time + p2p_per_mb_s + offload_exposed_s
         if stage == pp - 1:
             t += logits_s
         stage_times.append(t)
+        stage_nic_s.append((n_dense + n_moe) * cp_on_nics + n_moe * ep_on_nics)
     slowest = max(stage_times)
     mean_stage = sum(stage_times) / pp
     bubble_s = (pp - 1) / vpp * mean_stage if pp > 1 else 0.0
@@ -470,7 +480,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     worst_stage = max(range(pp), key=lambda stage: stage_times[stage])
     params = stage_parameters(job, layout, worst_stage)
     dp = _data_parallel(layout, cluster, options, params, micro_batches=m, stage_layers=per_stage_layers,
-                        compute_per_micro_batch_s=slowest - p2p_per_mb_s,
+                        compute_per_micro_batch_s=slowest - p2p_per_mb_s - stage_nic_s[worst_stage],
                         grad_wire_bytes=options.memory.reduced_grad_bytes(job.precision))
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
     step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s
