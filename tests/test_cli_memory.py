@@ -19,10 +19,12 @@ def test_json_shape_and_fit() -> None:
     result = gpufleet(*BASE, "--gpus", "8", "--tp", "2", "--pp", "2", "--sharding", "zero1", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data) == {"stages", "peak_stage", "peak_bytes", "hbm_bytes", "fits"}
+    assert set(data) == {"stages", "peak_stage", "peak_bytes", "hbm_bytes", "fits", "host_bytes_per_node",
+                         "host_budget_bytes_per_node"}
     assert [stage["stage"] for stage in data["stages"]] == [0, 1]
+    assert data["host_bytes_per_node"] == 0  # nothing offloaded
     for stage in data["stages"]:
-        assert set(stage) == {"stage", "bytes", "total_bytes"}
+        assert set(stage) == {"stage", "bytes", "total_bytes", "host_bytes"}
         assert set(stage["bytes"]) == KINDS
         assert stage["total_bytes"] == pytest.approx(sum(stage["bytes"].values()))
         assert all(value >= 0 for value in stage["bytes"].values())
@@ -178,3 +180,22 @@ def test_user_catalog_model_is_used(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["stages"]) == 2
+
+
+def test_offloaded_tensors_are_checked_against_the_nodes_ram() -> None:
+    # ZeRO-Offload of Llama 3.1 8B without sharding: 12 B of Adam state per parameter on every GPU's host
+    # share; a DGX H100 node of 8 GPUs pins 8 x 12 x 8.03e9 B = 771 GB, within 80 % of its 2 TiB.
+    from gpufleet.catalog.registry import load_catalog
+    from gpufleet.workload.params import count_params
+
+    params = count_params(load_catalog().model("llama3-8b")).total
+    done = gpufleet(*BASE, "--gpus", "8", "--offload-optimizer", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["host_bytes_per_node"] == pytest.approx(8 * 12 * params, rel=1e-6)
+    assert data["host_budget_bytes_per_node"] == pytest.approx(0.8 * 2048 * 2**30)
+    # Llama 3.1 405B at 8K, ZeRO-3 on 2,048 GPUs, 115 of 126 layers offloaded: several TiB per node
+    big = gpufleet("memory", "-m", "llama3-405b", "-g", "h100-sxm", "-n", "2048", "--sharding", "zero3",
+                   "--seq", "8192", "--global-batch", "2048", "--offload-activations", "115")
+    assert big.returncode == 1 and "pinned memory per dgx-h100 node" in big.stderr
+    assert len(big.stderr.strip().splitlines()) == 1

@@ -342,3 +342,18 @@ def test_a_node_alone_plans_for_the_gpu_it_holds() -> None:
     assert json.loads(done.stdout)["cluster"]["gpu"] == "mi300x"
     refused = gpufleet("plan", "--node", "ubb-mi300x", "-g", "h100-sxm")
     assert "--node ubb-mi300x holds mi300x" in one_error_line(refused)
+
+
+def test_a_sweep_shows_the_batch_each_count_ran_at() -> None:
+    # the default batch is ~4M tokens (1,024 sequences at 4K) but at least one sequence per GPU, a power of two
+    done = gpufleet("plan", "-n", "512,2048", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [(row["gpus"], row["global_batch"]) for row in json.loads(done.stdout)["sweep"]] == [(512, 1024),
+                                                                                           (2048, 2048)]
+    assert "at least one sequence per GPU" in gpufleet("plan", "-n", "512,2048").stdout
+
+
+def test_the_peak_behind_mfu_is_named() -> None:
+    done = gpufleet("plan", "--precision", "fp8", "--top", "1")
+    assert done.returncode == 0, done.stderr
+    assert "dense fp8 peak, 1,978.9 TFLOP/s" in done.stdout  # H100 SXM: 3,958 sparse / 2

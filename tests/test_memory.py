@@ -391,6 +391,22 @@ def test_offload_moves_optimizer_off_gpu() -> None:
         LLAMA8B, Layout(offload_optimizer=True), seq_len=1024, global_batch=1, precision="bf16", stage=0
     )
     assert b.optimizer_bytes == 0
+    # ...into pinned CPU memory: exactly the bytes the GPU no longer holds (12 B/param of Adam state)
+    kept = stage_memory(LLAMA8B, Layout(), seq_len=1024, global_batch=1, precision="bf16", stage=0)
+    assert b.host_bytes == pytest.approx(kept.optimizer_bytes) and kept.host_bytes == 0
+
+
+def test_offloaded_activations_are_counted_in_host_memory() -> None:
+    # pp 1, no recompute, one micro-batch in flight: offloading k of L layers moves k/L of the layer
+    # activations to the host; the GPU keeps the rest plus one layer in transit.
+    layers = LLAMA8B.layers
+    whole = stage_memory(LLAMA8B, Layout(), seq_len=1024, global_batch=1, precision="bf16", stage=0)
+    for k in (8, layers):
+        moved = stage_memory(LLAMA8B, Layout(offload_activation_layers=k), seq_len=1024, global_batch=1,
+                             precision="bf16", stage=0)
+        one_layer = moved.host_bytes / k
+        assert moved.host_bytes == pytest.approx(k * one_layer)
+        assert whole.activations_bytes - moved.activations_bytes == pytest.approx(moved.host_bytes - one_layer)
 
 
 def test_bad_sizes_are_input_errors() -> None:

@@ -24,6 +24,7 @@ from gpufleet.parallel.layout import (
 )
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
 from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe
+from gpufleet.planner.search import HOST_RAM_USABLE_FRACTION
 
 GIB = 2**30
 _KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
@@ -36,18 +37,23 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     return value
 
 
-def _report(stages: list[MemoryBreakdown], hbm_bytes: float) -> dict[str, Any]:
+def _report(stages: list[MemoryBreakdown], hbm_bytes: float, gpus_per_node: int,
+            host_budget_bytes: float) -> dict[str, Any]:
     peak_stage = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
     peak_bytes = stages[peak_stage].total_bytes
+    host_per_node = max(breakdown.host_bytes for breakdown in stages) * gpus_per_node
     return {
         "stages": [
-            {"stage": i, "bytes": breakdown.as_dict(), "total_bytes": breakdown.total_bytes}
+            {"stage": i, "bytes": breakdown.as_dict(), "total_bytes": breakdown.total_bytes,
+             "host_bytes": breakdown.host_bytes}
             for i, breakdown in enumerate(stages)
         ],
         "peak_stage": peak_stage,
         "peak_bytes": peak_bytes,
         "hbm_bytes": hbm_bytes,
-        "fits": peak_bytes <= hbm_bytes,
+        "host_bytes_per_node": host_per_node,
+        "host_budget_bytes_per_node": host_budget_bytes,
+        "fits": peak_bytes <= hbm_bytes and host_per_node <= host_budget_bytes,
     }
 
 
@@ -162,7 +168,10 @@ def register(app: typer.Typer) -> None:
         assumptions = framework_options(stack, dtensor_tp=dtensor_tp, selective_policy=selective_policy).memory
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
-        data = _report(stages, gpu_spec.hbm_bytes)
+        node = cat.node_for_gpu(gpu_spec.id)
+        gpus_per_node = min(gpus, node.gpus)
+        data = _report(stages, gpu_spec.hbm_bytes, gpus_per_node,
+                       node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION)
         out = Output(json)
 
         def render(console: Console) -> None:
@@ -180,14 +189,27 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(row["stage"]), *cells, f"{row['total_bytes'] / GIB:.2f}")
             console.print(table)
             headroom = (data["hbm_bytes"] - data["peak_bytes"]) / GIB
-            verdict = "[green]fits[/green]" if data["fits"] else "[red]does not fit[/red]"
+            verdict = "[green]fits[/green]" if data["peak_bytes"] <= data["hbm_bytes"] else "[red]does not fit[/red]"
             console.print(
                 f"peak: stage {data['peak_stage']} needs {data['peak_bytes'] / GIB:.2f} GiB of "
                 f"{data['hbm_bytes'] / GIB:.2f} GiB HBM — {verdict}, headroom {headroom:+.2f} GiB"
             )
+            if data["host_bytes_per_node"]:
+                console.print(
+                    f"pinned host memory (offloaded tensors): {data['host_bytes_per_node'] / GIB:,.1f} GiB per "
+                    f"{node.id} node of {gpus_per_node} GPUs; usable: {data['host_budget_bytes_per_node'] / GIB:,.0f}"
+                    f" GiB ({HOST_RAM_USABLE_FRACTION:.0%} of its {node.cpu_ram_gib:g} GiB RAM)"
+                )
 
         out.emit(data, render)
-        if not data["fits"]:
+        if data["host_bytes_per_node"] > data["host_budget_bytes_per_node"]:
+            out.fail(
+                f"does not fit: the offloaded tensors need {data['host_bytes_per_node'] / GIB:,.0f} GiB of pinned "
+                f"memory per {node.id} node but {data['host_budget_bytes_per_node'] / GIB:,.0f} GiB is usable; "
+                "offload fewer layers or use more GPUs",
+                EXIT_CHECK_FAILED,
+            )
+        if data["peak_bytes"] > data["hbm_bytes"]:
             peak = stages[data["peak_stage"]].as_dict()
             largest = max(peak, key=lambda kind: peak[kind])
             out.fail(

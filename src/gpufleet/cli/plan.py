@@ -48,6 +48,7 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         "peak_memory_bytes": memory.total_bytes,
         "hbm_bytes": result.cluster.gpu.hbm_bytes,
         "memory": memory.as_dict(),
+        "host_memory_bytes": memory.host_bytes,  # pinned CPU memory per GPU (offloaded tensors)
         "step_s": step.step_s,
         "tokens_per_s": step.tokens_per_s,
         "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
@@ -129,6 +130,8 @@ def render_result(console: Console, result: PlanResult) -> None:
         f"({cluster.node.id}, {cluster.fabric.network.id} {cluster.fabric.kind} "
         f"{cluster.fabric.oversubscription:g}:1)"
     )
+    console.print(f"MFU and HFU are against {cluster.gpu.id}'s dense {job.precision} peak, "
+                  f"{cluster.gpu.peak_flops(job.precision) / 1e12:,.1f} TFLOP/s")
     if result.request.stack:
         console.print(f"framework: {result.request.stack}'s documented settings (--json: \"framework\")")
     reasons = ", ".join(f"{n} {r}" for r, n in result.search.infeasible.most_common())
@@ -145,7 +148,7 @@ def render_result(console: Console, result: PlanResult) -> None:
         cheapest = econ.cheapest_offer if econ else None
         table.add_row(
             str(plan.rank), plan.layout.short(),
-            f"{plan.candidate.memory.total_bytes / GIB:.0f}/{cluster.gpu.hbm_bytes / GIB:.0f} GiB",
+            f"{plan.candidate.memory.total_bytes / GIB:.1f}/{cluster.gpu.hbm_bytes / GIB:.0f} GiB",
             f"{step.step_s:.2f} s", f"{step.tokens_per_s_per_gpu:,.0f}", f"{step.mfu:.1%}",
             f"{econ.goodput:.1%}" if econ else "-", _days(plan.wall_time_s),
             f"{_money(cheapest.usd)} {cheapest.name}" if cheapest else "-",
@@ -168,7 +171,8 @@ def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:
     console.print(table)
     memory = plan.candidate.memory
     console.print("memory (worst stage " + str(plan.candidate.peak_stage) + "): " + ", ".join(
-        f"{kind} {value / GIB:.1f} GiB" for kind, value in memory.as_dict().items()))
+        f"{kind} {value / GIB:.1f} GiB" for kind, value in memory.as_dict().items())
+        + (f"; pinned host memory {memory.host_bytes / GIB:.1f} GiB per GPU" if memory.host_bytes else ""))
     econ = plan.economics
     if econ:
         console.print(f"reliability: {econ.interruptions_per_day:.2f} interruptions/day, checkpoint every "
@@ -192,7 +196,8 @@ def register(app: typer.Typer) -> None:
         oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 4:1."),
         seq: int = typer.Option(4096, "--seq", help="Sequence length in tokens."),
         global_batch: int = typer.Option(None, "--global-batch",
-                                         help="Sequences per step; default ~4M tokens per step."),
+                                         help="Sequences per step; default ~4M tokens per step, at least one "
+                                         "sequence per GPU (so a sweep past 1,024 GPUs at 4K raises it)."),
         precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp8 (fp8 GEMMs)."),
         top: int = typer.Option(None, "--top", help="How many plans to show [default: 5; a sweep shows the best "
                                 "plan per GPU count]."),
@@ -363,7 +368,8 @@ def register(app: typer.Typer) -> None:
                     rows.append({"gpus": count, "fits": False, "reason": str(error)})
                 else:
                     best = result.plans[0]
-                    row = {"gpus": count, "fits": True, **plan_to_dict(best, result)}
+                    row = {"gpus": count, "global_batch": result.job.global_batch, "fits": True,
+                           **plan_to_dict(best, result)}
                     if result.economics_error is not None:
                         row["economics_unavailable"] = result.economics_error
                     rows.append(row)
@@ -396,16 +402,20 @@ def register(app: typer.Typer) -> None:
             if base.stack:
                 console.print(f"framework: {base.stack}'s documented settings (--json: \"framework\")")
             table = Table(title="scaling sweep (best plan per GPU count)", title_justify="left")
-            for column in ("GPUs", "layout", "step", "tok/s/GPU", "MFU", "time-to-train"):
+            for column in ("GPUs", "batch", "layout", "step", "tok/s/GPU", "MFU", "time-to-train"):
                 table.add_column(column, justify="left" if column == "layout" else "right")
             for row in rows:
                 if not row["fits"]:
-                    table.add_row(str(row["gpus"]), "[red]does not fit[/red]", "", "", "", "")
+                    table.add_row(str(row["gpus"]), "", "[red]does not fit[/red]", "", "", "", "")
                     continue
-                table.add_row(str(row["gpus"]), row["layout"]["label"], f"{row['step_s']:.2f} s",
+                table.add_row(str(row["gpus"]), f"{row['global_batch']:,}", row["layout"]["label"],
+                              f"{row['step_s']:.2f} s",
                               f"{row['tokens_per_s_per_gpu']:,.0f}", f"{row['mfu']:.1%}",
                               _days(row["time_to_train_s"]))
             console.print(table)
+            if base.global_batch is None and len({row.get("global_batch") for row in rows if row["fits"]}) > 1:
+                console.print("batch: ~4M tokens per step, at least one sequence per GPU (set --global-batch to "
+                              "compare GPU counts at one batch)")
             if deadline_s is not None:
                 if chosen:
                     console.print(f"smallest cluster meeting {_days(deadline_s)}: [bold]{chosen['gpus']} GPUs[/bold]"

@@ -115,6 +115,9 @@ class MemoryBreakdown:
     activations_bytes: float
     buffers_bytes: float
     overhead_bytes: float
+    #: pinned CPU memory this GPU's rank holds (offloaded activations, ZeRO-Offload optimizer state); not HBM,
+    #: so not in `total_bytes` — the node's RAM must hold it for all of the node's GPUs
+    host_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -257,9 +260,11 @@ def stage_memory(
     if precision == "fp8":
         weights += 2.0 * (layer_dense_params / wd + expert_params / we)  # fp8 weight + transpose caches
     gradients = a.grad_bytes * (dense_params / gd + expert_params / ge)
-    optimizer = 0.0
-    if not layout.offload_optimizer:
-        optimizer_bytes = a.optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)  # the master is the param
+    optimizer = host = 0.0
+    optimizer_bytes = a.optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)  # the master is the param
+    if layout.offload_optimizer:
+        host += optimizer_bytes * (dense_params / od + expert_params / oe)
+    else:
         optimizer = optimizer_bytes * (dense_params / od + expert_params / oe)
 
     # --- activations
@@ -267,6 +272,7 @@ def stage_memory(
     m = micro_batches_per_step(layout, global_batch)
     inflight = inflight_microbatches(layout, stage, m)
     per_mb = 0.0
+    offloaded_per_mb = 0.0
     worst_layer = 0.0
     recomputed = recomputed_fraction(layout, n_layers)  # block recompute: that share keeps only its input
     # CPU offloading: that share of the layers keeps nothing on the GPU, but one layer's tensors are in transit
@@ -289,9 +295,11 @@ def stage_memory(
             saved = recomputed * saved + (1 - recomputed) * whole
         if offloaded:
             worst_layer = max(worst_layer, saved)  # the layer whose copy to or from the host is in flight
+            offloaded_per_mb += count * saved * offloaded
             saved *= 1 - offloaded
         per_mb += count * saved
     activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
+    host += inflight * offloaded_per_mb
     if first:
         held = min(layout.pp, m) if layout.pp > 1 else 1
         activations += held * embedding_activation_bytes(
@@ -338,7 +346,7 @@ def stage_memory(
 
     subtotal = weights + gradients + optimizer + activations + buffers
     overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
-    return MemoryBreakdown(weights, gradients, optimizer, activations, buffers, overhead)
+    return MemoryBreakdown(weights, gradients, optimizer, activations, buffers, overhead, host)
 
 
 def _validated(model: ModelSpec, layout: Layout, seq_len: int, global_batch: int, precision: str) -> None:

@@ -143,6 +143,16 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                                      micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
 
 
+#: Share of a node's RAM that offloaded activations and optimizer state may pin (judgement: the OS, the data
+#: loader's workers and the page cache need the rest).
+HOST_RAM_USABLE_FRACTION = 0.8
+
+
+def host_memory_bytes(cluster: Cluster) -> float:
+    """CPU memory one node can give its GPUs' offloaded tensors."""
+    return cluster.node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION
+
+
 def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
              options: StepOptions | None = None, *, hbm_tolerance: float = 0.0) -> Candidate | tuple[str, float]:
     """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit (more than
@@ -156,14 +166,18 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
                                       precision=job.precision, assumptions=assumptions)
     if memory.total_bytes > cluster.gpu.hbm_bytes * (1 + hbm_tolerance):
         return "memory", memory.total_bytes - cluster.gpu.hbm_bytes
+    if memory.host_bytes * cluster.gpus_per_node > host_memory_bytes(cluster):
+        return "host memory", 0.0
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
 
 def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
-                   hbm_tolerance: float, variant: Callable[[int], Layout], most: int) -> Candidate | None:
+                   hbm_tolerance: float, variant: Callable[[int], Layout],
+                   most: int) -> Candidate | tuple[str, float] | None:
     """`variant(k)` for the smallest k in 1..most that fits. Memory falls as k grows (block recompute keeps only
     the inputs of k more layers, offload moves k more layers to the host), so bisect on the memory model alone and
-    estimate the step once. None when even `most` does not fit."""
+    estimate the step once. None when even `most` does not fit HBM; (reason, bytes over) when the smallest k that
+    does is refused for another reason (its offloaded tensors do not fit in the node's RAM)."""
     cap = cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
 
     def fits(count: int) -> bool:
@@ -185,16 +199,16 @@ def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, 
             high = middle
         else:
             low = middle + 1
-    outcome = evaluate(job, variant(high), cluster, calibration, options, hbm_tolerance=hbm_tolerance)
-    return outcome if isinstance(outcome, Candidate) else None
+    return evaluate(job, variant(high), cluster, calibration, options, hbm_tolerance=hbm_tolerance)
 
 
 def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: CalibrationProfile,
-                      options: StepOptions, hbm_tolerance: float, offload: bool = True) -> list[Candidate]:
+                      options: StepOptions, hbm_tolerance: float,
+                      offload: bool = True) -> list[Candidate | tuple[str, float]]:
     """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
     fewest layers per pipeline chunk (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link
     is known, CPU offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
-    found = []
+    found: list[Candidate | tuple[str, float]] = []
     chunk = layers_per_chunk(job.model.layers, full.layout)
     block = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
                            lambda k: full.layout.with_(recompute_layers=k), chunk - 1)
@@ -219,9 +233,10 @@ CHEAPER_VARIANT_RANKS = 10
 
 def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[Candidate], cluster: Cluster,
                           calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float,
-                          offload: bool = True) -> int:
+                          reasons: Counter[str], offload: bool = True) -> int:
     """Append the block-recompute and offload variants of the `full_only` candidates (they fit only with every layer
-    recomputed) that could rank among the fastest plans; return how many were added. The floor on any variant's
+    recomputed) that could rank among the fastest plans; return how many were tried (a refused one is counted in
+    `reasons`). The floor on any variant's
     step is its layout's step without recompute (a variant adds recompute or host copies to it), and a floor on
     that is its compute without the recomputed forward (a step is never shorter than its average stage's compute),
     which orders the candidates and stops the pass without estimating most of them."""
@@ -239,8 +254,11 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[C
             continue
         for variant in _cheaper_variants(job, full, cluster, calibration, options, hbm_tolerance, offload):
             added += 1
-            feasible.append(variant)
-            insort(ranked, variant.step.step_s)
+            if isinstance(variant, Candidate):
+                feasible.append(variant)
+                insort(ranked, variant.step.step_s)
+            else:
+                reasons[variant[0]] += 1
     return added
 
 
@@ -282,7 +300,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         if progress is not None and tried % 256 == 0:
             progress(tried)
     tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, hbm_tolerance,
-                                   space.activation_offload)
+                                   reasons, space.activation_offload)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])
