@@ -75,3 +75,12 @@ def test_simulate_seed_without_ecmp_is_refused() -> None:
     """ndr400 routes by spray unless told otherwise: a hash seed would change nothing."""
     line = one_error_line(run("fabric", "simulate", "--gpus", "64", "--seed", "7"))
     assert "--seed" in line and "--routing ecmp" in line
+
+
+def test_build_and_facility_count_the_same_fabric_watts() -> None:
+    # ndr400 has no switch power in the catalog: both commands use facility.yaml's per-switch default
+    built = json.loads(run("fabric", "build", "--gpus", "512", "--json").stdout)
+    facility = json.loads(run("facility", "--gpus", "512", "--gpu", "h100-sxm", "--json").stdout)
+    assert built["fabric_power_w"] == built["switches"] * 1000
+    assert "facility default" in built["switch_power_source"]
+    assert facility["switches"] == built["switches"] and facility["fabric_power_w"] == built["fabric_power_w"]

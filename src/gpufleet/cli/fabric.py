@@ -13,6 +13,7 @@ from rich.table import Table
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.facility import resolve_node
 from gpufleet.cli.output import Output
+from gpufleet.economics.defaults import facility_defaults
 from gpufleet.errors import InputError
 from gpufleet.fabric.bom import bill_of_materials
 from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
@@ -102,6 +103,13 @@ def register(app: typer.Typer) -> None:
         cluster = _cluster(catalog, gpus, topology, network, node, gpu, oversubscription)
         graph = build_graph(cluster)
         bom = bill_of_materials(graph, cluster)
+        # No switch power for this network: the facility model's per-switch default (optics included, a judgement
+        # in facility.yaml), so `fabric build` and `facility` count the same watts.
+        switch_w, fabric_w, power_source = bom.switch_power_w, bom.fabric_power_w, "network catalog entry"
+        if switch_w is None:
+            per_switch_w = facility_defaults(open_catalog(catalog)).switch_power_w
+            switch_w = fabric_w = per_switch_w * bom.switches
+            power_source = f"facility default {per_switch_w / 1e3:g} kW per switch incl. optics (judgement)"
         data = {
             "description": graph.description, "gpus": cluster.gpus, "nodes": cluster.num_nodes,
             "leaf_switches": graph.count(LEAF), "spine_switches": graph.count(SPINE),
@@ -109,8 +117,8 @@ def register(app: typer.Typer) -> None:
             "tiers": [{"tier": t.tier, "switches": t.switches, "ports_used": t.ports_used,
                        "ports_free": t.ports_free} for t in bom.tiers],
             "copper_cables": bom.copper_cables, "optical_cables": bom.optical_cables,
-            "transceivers": bom.transceivers, "switch_power_w": bom.switch_power_w,
-            "optics_power_w": bom.optics_power_w, "fabric_power_w": bom.fabric_power_w,
+            "transceivers": bom.transceivers, "switch_power_w": switch_w,
+            "optics_power_w": bom.optics_power_w, "fabric_power_w": fabric_w, "switch_power_source": power_source,
         }
 
         def render(console: Console) -> None:
@@ -121,9 +129,7 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             console.print(f"cables: {bom.copper_cables} copper, {bom.optical_cables} optical "
                           f"({bom.transceivers} transceivers, {bom.optics_power_w / 1e3:.1f} kW)")
-            power = "unknown (no switch power in the catalog)" if bom.switch_power_w is None \
-                else f"{bom.switch_power_w / 1e3:.1f} kW"
-            console.print(f"switch power: {power}")
+            console.print(f"fabric power: {fabric_w / 1e3:.1f} kW ({power_source})")
 
         Output(json_mode).emit(data, render)
 
