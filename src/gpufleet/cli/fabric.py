@@ -105,8 +105,10 @@ def register(app: typer.Typer) -> None:
         bom = bill_of_materials(graph, cluster)
         # No switch power for this network: the facility model's per-switch default (optics included, a judgement
         # in facility.yaml), so `fabric build` and `facility` count the same watts.
-        switch_w, fabric_w, power_source = bom.switch_power_w, bom.fabric_power_w, "network catalog entry"
-        if switch_w is None:
+        if bom.switch_power_w is not None:
+            switch_w, power_source = bom.switch_power_w, "network catalog entry"
+            fabric_w = bom.switch_power_w + bom.optics_power_w
+        else:
             per_switch_w = facility_defaults(open_catalog(catalog)).switch_power_w
             switch_w = fabric_w = per_switch_w * bom.switches
             power_source = f"facility default {per_switch_w / 1e3:g} kW per switch incl. optics (judgement)"
