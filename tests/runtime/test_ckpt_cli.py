@@ -150,6 +150,26 @@ def test_download_refuses_to_overwrite_a_different_checkpoint_and_skips_an_ident
     assert found is not None and same_state(found[1], expected_state(5))
 
 
+def test_download_repairs_a_copy_whose_bytes_rotted(tmp_path: Path) -> None:
+    # same manifest, one byte flipped in a data file of the same size: not "identical" — the good source
+    # replaces the damaged copy
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    saved(source, [5])
+    assert cli("download", str(source), str(dest)).returncode == 0
+    copy = dest / step_dirname(5)
+    files = [p for p in copy.rglob("*") if p.is_file() and p.name != "manifest.json"]
+    data = max(files, key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert not verify_checkpoint(_local_fs(), str(copy)).ok
+    proc = cli("download", str(source), str(dest))
+    assert proc.returncode == 0 and "already at" not in proc.stdout, proc.stdout + proc.stderr
+    assert verify_checkpoint(_local_fs(), str(copy)).ok
+    found = CheckpointManager(dest).load_latest()
+    assert found is not None and same_state(found[1], expected_state(5))
+
+
 def test_upload_refuses_to_overwrite_a_different_checkpoint_in_the_store(s3: tuple[S3, str], tmp_path: Path) -> None:
     server, url = s3
     saved(tmp_path / "a", [4])

@@ -26,7 +26,7 @@ from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpoin
 from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, remove_tree
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
 from gpufleet.runtime.checkpoint.names import TMP_PREFIX, parse_step
-from gpufleet.runtime.checkpoint.verify import check_complete, read_manifest
+from gpufleet.runtime.checkpoint.verify import check_complete, read_manifest, verify_checkpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -222,7 +222,9 @@ def copy_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Transf
 
 
 def _existing(fs: Any, path: str, manifest: Manifest) -> str:
-    """What is at `path` already: absent, leftover (no manifest), same (this checkpoint, whole), damaged, different."""
+    """What is at `path` already: absent, leftover (no manifest), same (this checkpoint, every byte verified),
+    repair (this checkpoint's manifest but files missing or failing their checksums), damaged (an unreadable
+    manifest), different."""
     fs.invalidate_cache()
     if not fs.exists(path):
         return "absent"
@@ -234,16 +236,17 @@ def _existing(fs: Any, path: str, manifest: Manifest) -> str:
         return "damaged"
     if theirs.to_json() != manifest.to_json():
         return "different"
-    return "same" if check_complete(fs, path).ok else "damaged"
+    return "same" if verify_checkpoint(fs, path).ok else "repair"
 
 
 def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> tuple[Manifest, bool]:
     """Copy the committed checkpoint `src` to `dst`, never over another one; `(manifest, copied)`.
 
-    `copied` is False when `dst` already holds this very checkpoint, whole. When `dst` holds a different
-    checkpoint, or a damaged one, CheckpointError is raised and nothing is written. A directory without a
-    manifest (a copy cut off earlier, never complete) is replaced. On a local disk the copy goes into a
-    hidden temporary sibling, is checked and fsynced, and only then renamed to `dst`: a crash at any
+    `copied` is False when `dst` already holds this very checkpoint and every byte passes its checksum. A copy of
+    this checkpoint whose files are missing or fail their checksums is replaced by the good source (a repair), as
+    is a directory without a manifest (a copy cut off earlier). When `dst` holds a different checkpoint, or one
+    whose manifest cannot be read, CheckpointError is raised and nothing is written. On a local disk the copy
+    goes into a hidden temporary sibling, is checked and fsynced, and only then renamed to `dst`: a crash at any
     instant leaves `dst` as it was. An object store has no rename: there the manifest, written last,
     is the commit, and an interrupted copy leaves a prefix without one.
     """
@@ -259,7 +262,7 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
         raise CheckpointError(f"{dst} already holds a damaged checkpoint of step {manifest.step} (see `gpufleet ckpt "
                               f"verify`); not overwritten (delete it first, or copy to another root)")
     if not is_local(dst_fs):
-        if state == "leftover":
+        if state in ("leftover", "repair"):
             delete_checkpoint(dst_fs, dst)
         copy_checkpoint(src_fs, src, dst_fs, dst, policy)
         return manifest, True
@@ -274,9 +277,9 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
             (fsync_dir if path.is_dir() else fsync_file)(path)
         fsync_dir(tmp)
         if final.exists():
-            if (final / MANIFEST_NAME).exists():  # committed by someone else meanwhile: keep theirs
+            if state != "repair" and (final / MANIFEST_NAME).exists():  # committed by someone else meanwhile
                 raise CheckpointError(f"{dst} appeared while copying; not overwritten")
-            remove_tree(final)
+            remove_tree(final)  # a leftover, or the damaged copy the whole new one replaces
         os.rename(tmp, final)
         fsync_dir(final.parent)
     finally:
