@@ -60,7 +60,10 @@ def register(app: typer.Typer) -> None:
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
-        """List catalog entries with a one-line summary each."""
+        """List catalog entries with a one-line summary each.
+
+        Example: `gpufleet catalog list models` (or gpus, nodes, networks, calibrations, cloud_offers, …)
+        """
         cat = open_catalog(catalog)
         kinds = [kind] if kind else list(KINDS)
         for name in kinds:
@@ -85,7 +88,10 @@ def register(app: typer.Typer) -> None:
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
-        """Show every field of one entry, with its source."""
+        """Show every field of one entry, with its source.
+
+        Example: `gpufleet catalog show h100-sxm`
+        """
         cat = open_catalog(catalog)
         kind, record = cat.find(name)
         data = {"kind": kind, **_details(record)}

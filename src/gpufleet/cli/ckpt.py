@@ -88,6 +88,8 @@ def register(app: typer.Typer) -> None:
         """List checkpoints: step, complete (manifest intact, every file it names present at its size), size, ranks.
 
         No checksums are read: `gpufleet ckpt verify` reads every byte.
+
+        Example: `gpufleet ckpt list /checkpoints/run7` (or `s3://bucket/run7`)
         """
         from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
         from gpufleet.runtime.checkpoint.verify import check_complete
@@ -119,6 +121,8 @@ def register(app: typer.Typer) -> None:
         """Check every file of every checkpoint against its manifest; exit 1 naming each bad file.
 
         A folder with no checkpoints in it also exits 1; a path that does not exist or is a file exits 2.
+
+        Example: `gpufleet ckpt verify /checkpoints/run7 --step 1200`
         """
         from gpufleet.runtime.checkpoint.errors import CheckpointError
         from gpufleet.runtime.checkpoint.store import join, list_checkpoints, store_errors
@@ -173,6 +177,8 @@ def register(app: typer.Typer) -> None:
         never costs an older good one. Damaged checkpoints (manifest present, but it or a file is bad) are
         never deleted: they are left in place and reported, for `gpufleet ckpt verify` and a person to judge.
         Checkpoints without a manifest are deleted only with --incomplete.
+
+        Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
         """
         from pathlib import Path
 
@@ -282,6 +288,8 @@ def register(app: typer.Typer) -> None:
 
         A step the destination already holds is skipped when identical and refused (exit 2) when different:
         nothing is ever overwritten.
+
+        Example: `gpufleet ckpt upload /checkpoints/run7 s3://bucket/run7 --max-mib-per-s 500`
         """
         _copy(root, url, step, max_mib_per_s, json, "uploaded")
 
@@ -297,5 +305,7 @@ def register(app: typer.Typer) -> None:
 
         A step the destination already holds is skipped when identical and refused (exit 2) when different:
         nothing is ever overwritten, and an interrupted download leaves the destination as it was.
+
+        Example: `gpufleet ckpt download s3://bucket/run7 /checkpoints/run7 --step 1200`
         """
         _copy(url, root, step, max_mib_per_s, json, "downloaded")

@@ -103,7 +103,11 @@ def register(app: typer.Typer) -> None:
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
-        """Cost per cloud offer and on-prem: $/GPU-hour, break-even utilization and months."""
+        """Cost per cloud offer and on-prem: $/GPU-hour, break-even utilization and months.
+
+        Examples: `gpufleet cost --gpu-hours 1e6 --gpu h100-sxm`; `gpufleet cost --plan plan.json` with the
+        output of `gpufleet plan --json` for one GPU count.
+        """
         from gpufleet.economics.cloud import cost_of_gpu_hours, offer, offers_for_gpu, reference_offer
         from gpufleet.economics.defaults import facility_defaults
         from gpufleet.economics.tco import onprem_tco

@@ -99,7 +99,10 @@ def register(app: typer.Typer) -> None:
         catalog: list[Path] = CatalogOption,
         json_mode: bool = JsonOption,
     ) -> None:
-        """Summary and bill of materials of a topology."""
+        """Summary and bill of materials of a topology.
+
+        Example: `gpufleet fabric build --gpus 1024 --topology rail-optimized --network ndr400`
+        """
         cluster = _cluster(catalog, gpus, topology, network, node, gpu, oversubscription)
         graph = build_graph(cluster)
         bom = bill_of_materials(graph, cluster)
@@ -155,7 +158,11 @@ def register(app: typer.Typer) -> None:
         catalog: list[Path] = CatalogOption,
         json_mode: bool = JsonOption,
     ) -> None:
-        """Simulate one collective (flow level) and compare with the analytical model."""
+        """Simulate one collective (flow level) and compare with the analytical model.
+
+        Example: `gpufleet fabric simulate --collective all-reduce --size 1GiB --gpus 256 --topology leaf-spine
+        --oversubscription 4:1`
+        """
         op = cast(Op, _choice(collective, OPS, "--collective"))
         place = cast(Placement, _choice(placement, ("block", "scatter"), "--placement"))
         algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "--algorithm"))

@@ -57,6 +57,8 @@ def register(app: typer.Typer) -> None:
         """IT power at maximum and typical load, racks, cooling, facility power and annual energy.
 
         Give the hardware as --node NODE or --gpu GPU (its default node); one of them is required.
+
+        Example: `gpufleet facility --gpus 512 --gpu h100-sxm --pue 1.2`
         """
         from gpufleet.economics.defaults import facility_defaults
         from gpufleet.economics.facility import estimate_facility

@@ -125,6 +125,8 @@ def register(app: typer.Typer) -> None:
         """Memory per GPU for every pipeline stage, and fit / no-fit against the GPU's HBM.
 
         Exit 0 when the worst stage fits, 1 when it does not, 2 for bad input.
+
+        Example: `gpufleet memory -m llama3-70b -g h100-sxm -n 64 --tp 8 --pp 2 --sharding zero1`
         """
         cat = open_catalog(catalog)
         spec = cat.model(model)

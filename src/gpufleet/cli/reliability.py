@@ -85,7 +85,10 @@ def register(app: typer.Typer) -> None:
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
-        """Failures of a job of N GPUs, its checkpoint interval (Young/Daly) and goodput."""
+        """Failures of a job of N GPUs, its checkpoint interval (Young/Daly) and goodput.
+
+        Example: `gpufleet reliability --gpus 16384 --params 405e9`
+        """
         from gpufleet.catalog.economics_records import FailureStats
         from gpufleet.economics.defaults import reliability_defaults
         from gpufleet.reliability.checkpoint import checkpoint_bytes, write_bandwidth_bytes_per_s
