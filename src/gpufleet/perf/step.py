@@ -443,11 +443,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     # Exposed communication that rides the network cards: the data-parallel reduction (which uses them too when
     # its group leaves the node) cannot hide behind it, only behind compute and scale-up traffic.
-    dp_crosses_nodes = group_span(layout, "dp_cp", cluster, options.placement).nodes > 1
-    cp_on_nics = cp_per_layer_s if dp_crosses_nodes and group_span(
-        layout, "cp", cluster, options.placement).nodes > 1 else 0.0
-    ep_on_nics = ep_per_layer_s if dp_crosses_nodes and layout.ep > 1 and group_span(
-        layout, "ep", cluster, options.placement).nodes > 1 else 0.0
+    cp_on_nics = ep_on_nics = 0.0
+    if (cp_per_layer_s or ep_per_layer_s) and group_span(layout, "dp_cp", cluster, options.placement).nodes > 1:
+        if cp_per_layer_s and group_span(layout, "cp", cluster, options.placement).nodes > 1:
+            cp_on_nics = cp_per_layer_s
+        if ep_per_layer_s and layout.ep > 1 and group_span(layout, "ep", cluster, options.placement).nodes > 1:
+            ep_on_nics = ep_per_layer_s
 
     dense_time = device_layer_time(dense_layer, False) if dense_layer else 0.0
     moe_time = moe_device_s + moe_host_exposed_s if moe_layer else 0.0
