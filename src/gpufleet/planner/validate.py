@@ -75,9 +75,10 @@ class RunPrediction:
         }
 
 
-#: The memory model's largest over-estimate against measured peaks (docs/memory.md, calibration table: +3.6 %).
-#: A published run did fit, so a layout for its null fields that the model puts within this margin over HBM
-#: may be the one it ran.
+#: How far over HBM (as a fraction) a layout filling a published run's null fields may be (FILL_SPACE's
+#: hbm_tolerance; `plan` admits nothing over). A judgement: 3.6 % was the memory model's largest over-estimate
+#: in docs/memory.md's calibration table when it was set; that table's largest is now +1.2 %. A published run
+#: did fit, so a layout that the model puts within this margin over HBM may be the one it ran.
 MEMORY_MODEL_OVERESTIMATE = 0.036
 #: Values tried for a run's null layout fields: every degree the stacks offer, wider than `plan`'s default
 #: search (ZeRO-2, as FSDP's SHARD_GRAD_OP and Llama 3's training used; up to 8 virtual stages, as
