@@ -209,6 +209,8 @@ def test_a_download_killed_midway_leaves_the_destination_as_it_was(tmp_path: Pat
     assert {k: v for k, v in snapshot(dest).items() if not k.startswith(".tmp-")} == before
     assert cli("download", str(source), str(dest)).returncode == 0  # a retry completes
     assert cli("verify", str(dest)).returncode == 0
+    # ...and clears what the killed attempt left: no checkpoint-sized hidden folder piles up
+    assert not [p.name for p in dest.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
 
 
 # -- one line, exit 2 ----------------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransferError
-from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, remove_tree
+from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
-from gpufleet.runtime.checkpoint.names import TMP_PREFIX, parse_step
+from gpufleet.runtime.checkpoint.names import TMP_PREFIX, TRASH_PREFIX, parse_step
 from gpufleet.runtime.checkpoint.verify import check_complete, read_manifest, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -246,8 +246,10 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
     this checkpoint whose files are missing or fail their checksums is replaced by the good source (a repair), as
     is a directory without a manifest (a copy cut off earlier). When `dst` holds a different checkpoint, or one
     whose manifest cannot be read, CheckpointError is raised and nothing is written. On a local disk the copy
-    goes into a hidden temporary sibling, is checked and fsynced, and only then renamed to `dst`: a crash at any
-    instant leaves `dst` as it was. An object store has no rename: there the manifest, written last,
+    goes into a hidden temporary sibling, is checked and fsynced, and only then renamed to `dst`: a crash leaves
+    `dst` as it was (when a damaged copy or a leftover is being replaced, there is an instant between moving it
+    aside and renaming the new copy in when `dst` is absent; the source still holds the checkpoint and a retry
+    completes it). An object store has no rename: there the manifest, written last,
     is the commit, and an interrupted copy leaves a prefix without one.
     """
     manifest = read_manifest(src_fs, src)
@@ -267,7 +269,11 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
         copy_checkpoint(src_fs, src, dst_fs, dst, policy)
         return manifest, True
     final = Path(dst)
-    tmp = final.with_name(f"{TMP_PREFIX}copy-{name}-{uuid.uuid4().hex[:8]}")
+    # one temporary name per step: a copy killed earlier (SIGKILL skips the cleanup below) is cleared here,
+    # so killed attempts never pile up checkpoint-sized hidden folders
+    tmp = final.with_name(f"{TMP_PREFIX}copy-{name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
     try:
         copy_checkpoint(src_fs, src, dst_fs, str(tmp), policy)
         report = check_complete(dst_fs, str(tmp))
@@ -276,12 +282,18 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
         for path in sorted(tmp.rglob("*"), reverse=True):
             (fsync_dir if path.is_dir() else fsync_file)(path)
         fsync_dir(tmp)
+        trash = None
         if final.exists():
             if state != "repair" and (final / MANIFEST_NAME).exists():  # committed by someone else meanwhile
                 raise CheckpointError(f"{dst} appeared while copying; not overwritten")
-            remove_tree(final)  # a leftover, or the damaged copy the whole new one replaces
+            # a leftover or the damaged copy the whole new one replaces: out of the way by one rename, the new one
+            # in by the next, deleted only after (only between the two renames is there no `dst`)
+            trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
+            os.rename(final, trash)
         os.rename(tmp, final)
         fsync_dir(final.parent)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
