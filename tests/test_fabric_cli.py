@@ -79,8 +79,13 @@ def test_simulate_seed_without_ecmp_is_refused() -> None:
 
 def test_build_and_facility_count_the_same_fabric_watts() -> None:
     # ndr400 has no switch power in the catalog: both commands use facility.yaml's per-switch default
+    from gpufleet.catalog.registry import load_catalog
+    from gpufleet.economics.defaults import facility_defaults
+
+    per_switch_w = facility_defaults(load_catalog()).switch_power_w
     built = json.loads(run("fabric", "build", "--gpus", "512", "--json").stdout)
     facility = json.loads(run("facility", "--gpus", "512", "--gpu", "h100-sxm", "--json").stdout)
-    assert built["fabric_power_w"] == built["switches"] * 1000
+    assert built["fabric_power_w"] == built["switches"] * per_switch_w
+    assert built["switch_power_w"] + built["optics_power_w"] == built["fabric_power_w"]
     assert "facility default" in built["switch_power_source"]
     assert facility["switches"] == built["switches"] and facility["fabric_power_w"] == built["fabric_power_w"]

@@ -399,14 +399,19 @@ def test_offload_moves_optimizer_off_gpu() -> None:
 def test_offloaded_activations_are_counted_in_host_memory() -> None:
     # pp 1, no recompute, one micro-batch in flight: offloading k of L layers moves k/L of the layer
     # activations to the host; the GPU keeps the rest plus one layer in transit.
-    layers = LLAMA8B.layers
+    # With L layers and A = one layer's activations: host(k) = k·A, and HBM keeps whole − k·A + A (one layer in
+    # transit). So host(16) = 2·host(8), HBM(8) − HBM(16) = 8·A = host(16) − host(8), and the layer in transit,
+    # host(k) − (whole − HBM(k)), is the same A for every k.
     whole = stage_memory(LLAMA8B, Layout(), seq_len=1024, global_batch=1, precision="bf16", stage=0)
-    for k in (8, layers):
-        moved = stage_memory(LLAMA8B, Layout(offload_activation_layers=k), seq_len=1024, global_batch=1,
-                             precision="bf16", stage=0)
-        one_layer = moved.host_bytes / k
-        assert moved.host_bytes == pytest.approx(k * one_layer)
-        assert whole.activations_bytes - moved.activations_bytes == pytest.approx(moved.host_bytes - one_layer)
+    moved = {k: stage_memory(LLAMA8B, Layout(offload_activation_layers=k), seq_len=1024, global_batch=1,
+                             precision="bf16", stage=0) for k in (8, 16, LLAMA8B.layers)}
+    assert whole.host_bytes == 0 and moved[8].host_bytes > 0
+    assert moved[16].host_bytes == pytest.approx(2 * moved[8].host_bytes)
+    assert moved[8].activations_bytes - moved[16].activations_bytes == pytest.approx(
+        moved[16].host_bytes - moved[8].host_bytes)
+    in_transit = {k: m.host_bytes - (whole.activations_bytes - m.activations_bytes) for k, m in moved.items()}
+    assert in_transit[8] == pytest.approx(moved[8].host_bytes / 8)
+    assert in_transit[LLAMA8B.layers] == pytest.approx(in_transit[8])
 
 
 def test_bad_sizes_are_input_errors() -> None:

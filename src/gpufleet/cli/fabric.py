@@ -22,7 +22,7 @@ from gpufleet.fabric.placement import GroupSpan, Placement, span_over_nodes
 from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
 from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, default_routing, simulate_collective
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
-from gpufleet.report.plots import Series, write_series_plot
+from gpufleet.report.plots import Series, check_output_path, write_series_plot
 from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
 
 DEFAULT_GPU = "h100-sxm"
@@ -109,12 +109,12 @@ def register(app: typer.Typer) -> None:
         # No switch power for this network: the facility model's per-switch default (optics included, a judgement
         # in facility.yaml), so `fabric build` and `facility` count the same watts.
         if bom.switch_power_w is not None:
-            switch_w, power_source = bom.switch_power_w, "network catalog entry"
-            fabric_w = bom.switch_power_w + bom.optics_power_w
-        else:
+            switch_w, optics_w, power_source = bom.switch_power_w, bom.optics_power_w, "network catalog entry"
+        else:  # the default already counts each switch's optics: none on top, so switch + optics = fabric
             per_switch_w = facility_defaults(open_catalog(catalog)).switch_power_w
-            switch_w = fabric_w = per_switch_w * bom.switches
+            switch_w, optics_w = per_switch_w * bom.switches, 0.0
             power_source = f"facility default {per_switch_w / 1e3:g} kW per switch incl. optics (judgement)"
+        fabric_w = switch_w + optics_w
         data = {
             "description": graph.description, "gpus": cluster.gpus, "nodes": cluster.num_nodes,
             "leaf_switches": graph.count(LEAF), "spine_switches": graph.count(SPINE),
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
                        "ports_free": t.ports_free} for t in bom.tiers],
             "copper_cables": bom.copper_cables, "optical_cables": bom.optical_cables,
             "transceivers": bom.transceivers, "switch_power_w": switch_w,
-            "optics_power_w": bom.optics_power_w, "fabric_power_w": fabric_w, "switch_power_source": power_source,
+            "optics_power_w": optics_w, "fabric_power_w": fabric_w, "switch_power_source": power_source,
         }
 
         def render(console: Console) -> None:
@@ -133,7 +133,8 @@ def register(app: typer.Typer) -> None:
                 table.add_row(t.tier, str(t.switches), str(t.ports_used), str(t.ports_free))
             console.print(table)
             console.print(f"cables: {bom.copper_cables} copper, {bom.optical_cables} optical "
-                          f"({bom.transceivers} transceivers, {bom.optics_power_w / 1e3:.1f} kW)")
+                          f"({bom.transceivers} transceivers"
+                          + (f", {optics_w / 1e3:.1f} kW)" if optics_w else ", powered within the per-switch figure)"))
             console.print(f"fabric power: {fabric_w / 1e3:.1f} kW ({power_source})")
 
         Output(json_mode).emit(data, render)
@@ -163,6 +164,8 @@ def register(app: typer.Typer) -> None:
         Example: `gpufleet fabric simulate --collective all-reduce --size 1GiB --gpus 256 --topology leaf-spine
         --oversubscription 4:1`
         """
+        if plot is not None:
+            check_output_path(plot, "--plot")
         op = cast(Op, _choice(collective, OPS, "--collective"))
         place = cast(Placement, _choice(placement, ("block", "scatter"), "--placement"))
         algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "--algorithm"))

@@ -9,10 +9,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.catalog.records import Precision
+from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InputError
+from gpufleet.fabric.topology import node_as_used
 from gpufleet.parallel.layout import (
     RECOMPUTES,
     SELECTIVE_POLICIES,
@@ -24,7 +25,7 @@ from gpufleet.parallel.layout import (
 )
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
 from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe
-from gpufleet.planner.search import HOST_RAM_USABLE_FRACTION
+from gpufleet.planner.search import HOST_RAM_USABLE_FRACTION, host_memory_bytes, host_memory_fits
 
 GIB = 2**30
 _KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
@@ -37,11 +38,10 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     return value
 
 
-def _report(stages: list[MemoryBreakdown], hbm_bytes: float, gpus_per_node: int,
-            host_budget_bytes: float) -> dict[str, Any]:
+def _report(stages: list[MemoryBreakdown], hbm_bytes: float, node: NodeSpec, gpus_per_node: int) -> dict[str, Any]:
     peak_stage = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
     peak_bytes = stages[peak_stage].total_bytes
-    host_per_node = max(breakdown.host_bytes for breakdown in stages) * gpus_per_node
+    host_per_gpu = max(breakdown.host_bytes for breakdown in stages)  # the stage that pins the most
     return {
         "stages": [
             {"stage": i, "bytes": breakdown.as_dict(), "total_bytes": breakdown.total_bytes,
@@ -51,9 +51,9 @@ def _report(stages: list[MemoryBreakdown], hbm_bytes: float, gpus_per_node: int,
         "peak_stage": peak_stage,
         "peak_bytes": peak_bytes,
         "hbm_bytes": hbm_bytes,
-        "host_bytes_per_node": host_per_node,
-        "host_budget_bytes_per_node": host_budget_bytes,
-        "fits": peak_bytes <= hbm_bytes and host_per_node <= host_budget_bytes,
+        "host_bytes_per_node": host_per_gpu * gpus_per_node,
+        "host_budget_bytes_per_node": host_memory_bytes(node),
+        "fits": peak_bytes <= hbm_bytes and host_memory_fits(host_per_gpu, node, gpus_per_node),
     }
 
 
@@ -171,9 +171,11 @@ def register(app: typer.Typer) -> None:
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
         node = cat.node_for_gpu(gpu_spec.id)
-        gpus_per_node = min(gpus, node.gpus)
-        data = _report(stages, gpu_spec.hbm_bytes, gpus_per_node,
-                       node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION)
+        try:  # as plan places it: a count that does not fill whole nodes spreads evenly over them
+            gpus_per_node = node_as_used(node, gpus).gpus
+        except InputError:
+            gpus_per_node = min(gpus, node.gpus)
+        data = _report(stages, gpu_spec.hbm_bytes, node, gpus_per_node)
         out = Output(json)
 
         def render(console: Console) -> None:
@@ -204,7 +206,7 @@ def register(app: typer.Typer) -> None:
                 )
 
         out.emit(data, render)
-        if data["host_bytes_per_node"] > data["host_budget_bytes_per_node"]:
+        if not host_memory_fits(data["host_bytes_per_node"] / gpus_per_node, node, gpus_per_node):
             out.fail(
                 f"does not fit: the offloaded tensors need {data['host_bytes_per_node'] / GIB:,.0f} GiB of pinned "
                 f"memory per {node.id} node but {data['host_budget_bytes_per_node'] / GIB:,.0f} GiB is usable; "

@@ -150,6 +150,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     else:
         ranked.sort(key=lambda p: p.wall_time_s)
     plans = [Plan(i + 1, p.candidate, p.train_time_s, p.economics) for i, p in enumerate(ranked[: request.top])]
+    if all(plan.economics is not None for plan in plans):
+        economics_error = None  # only layouts that were not shown lacked a bill
     return PlanResult(request, job, cluster, found, plans, economics_error)
 
 

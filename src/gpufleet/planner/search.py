@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.records import NodeSpec
 from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import (
@@ -148,9 +149,14 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
 HOST_RAM_USABLE_FRACTION = 0.8
 
 
-def host_memory_bytes(cluster: Cluster) -> float:
+def host_memory_bytes(node: NodeSpec) -> float:
     """CPU memory one node can give its GPUs' offloaded tensors."""
-    return cluster.node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION
+    return node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION
+
+
+def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: int) -> bool:
+    """Whether a node's GPUs' pinned host memory (offloaded activations, ZeRO-Offload state) fits in its RAM."""
+    return host_bytes_per_gpu * gpus_per_node <= host_memory_bytes(node)
 
 
 def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
@@ -166,7 +172,7 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
                                       precision=job.precision, assumptions=assumptions)
     if memory.total_bytes > cluster.gpu.hbm_bytes * (1 + hbm_tolerance):
         return "memory", memory.total_bytes - cluster.gpu.hbm_bytes
-    if memory.host_bytes * cluster.gpus_per_node > host_memory_bytes(cluster):
+    if not host_memory_fits(memory.host_bytes, cluster.node, cluster.gpus_per_node):
         return "host memory", 0.0
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
