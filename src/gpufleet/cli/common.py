@@ -15,8 +15,15 @@ CatalogOption = typer.Option(
     "Entries with an existing id override the built-in ones.",
 )
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+#: The GPU a command assumes when neither --gpu nor --node names one.
+DEFAULT_GPU = "h100-sxm"
 
 
 def open_catalog(paths: list[Path] | None) -> Catalog:
     """The built-in catalog plus the user's files."""
     return load_catalog(list(paths or []))
+
+
+def gpu_for(cat: Catalog, node: str | None, gpu: str | None) -> str:
+    """--gpu if given, else the GPU that --node holds, else DEFAULT_GPU."""
+    return gpu or (cat.node(node).gpu if node else DEFAULT_GPU)

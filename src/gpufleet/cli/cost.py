@@ -12,12 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.catalog.economics_records import Pricing
-from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
 from gpufleet.cli.facility import FACILITY_FLAGS, node_network, resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.errors import CatalogError, InputError
 
-DEFAULT_GPU = "h100-sxm"
 DEFAULT_ONPREM_GPUS = 512
 
 
@@ -133,7 +132,7 @@ def register(app: typer.Typer) -> None:
             hours = parse_count(gpu_hours, "--gpu-hours")
             if not math.isfinite(hours):
                 raise InputError(f"--gpu-hours must be a finite number, got {gpu_hours}")
-            gpu = gpu or (cat.node(node).gpu if node else DEFAULT_GPU)
+            gpu = gpu_for(cat, node, gpu)
             gpus = DEFAULT_ONPREM_GPUS if gpus is None else gpus
         if utilization is not None and not 0 < utilization <= 1:
             raise InputError(f"--utilization must be in (0, 1], got {utilization:g}")

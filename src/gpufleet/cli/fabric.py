@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
 from gpufleet.cli.facility import resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.economics.defaults import facility_defaults
@@ -25,8 +25,6 @@ from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKi
 from gpufleet.report.plots import Series, check_output_path, write_series_plot
 from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
 
-DEFAULT_GPU = "h100-sxm"
-
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
@@ -39,7 +37,7 @@ def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network
     """The cluster the flags describe, refused (by arithmetic, before any graph is built) when its topology
     cannot connect that many GPUs."""
     catalog = open_catalog(catalog_paths)
-    node_spec = resolve_node(catalog, node, gpu if gpu or node else DEFAULT_GPU)
+    node_spec = resolve_node(catalog, node, gpu_for(catalog, node, gpu))
     fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "--topology")),
                     parse_ratio(oversubscription))
     cluster = Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)

@@ -12,7 +12,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from gpufleet.catalog.records import Precision
-from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InfeasibleError, InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
@@ -284,7 +284,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--top must be at least 1, got {top}")
         if explain is not None and not 1 <= explain <= top:
             raise InputError(f"--explain RANK must be between 1 and --top ({top})")
-        gpu = gpu or (cat.node(node).gpu if node else "h100-sxm")
+        gpu = gpu_for(cat, node, gpu)
         base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
                            network=fabric, topology=cast(TopologyKind, topology),
                            oversubscription=parse_ratio(oversubscription), seq_len=seq,
