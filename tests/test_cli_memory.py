@@ -194,6 +194,8 @@ def test_offloaded_tensors_are_checked_against_the_nodes_ram() -> None:
     data = json.loads(done.stdout)
     assert data["host_bytes_per_node"] == pytest.approx(8 * 12 * params, rel=1e-6)
     assert data["host_budget_bytes_per_node"] == pytest.approx(0.8 * 2048 * 2**30)
+    half = json.loads(gpufleet(*BASE, "--gpus", "4", "--offload-optimizer", "--json").stdout)
+    assert half["host_bytes_per_node"] == pytest.approx(4 * 12 * params, rel=1e-6)  # 4 GPUs share the node
     # Llama 3.1 405B at 8K, ZeRO-3 on 2,048 GPUs, 115 of 126 layers offloaded: several TiB per node
     big = gpufleet("memory", "-m", "llama3-405b", "-g", "h100-sxm", "-n", "2048", "--sharding", "zero3",
                    "--seq", "8192", "--global-batch", "2048", "--offload-activations", "115")

@@ -126,6 +126,8 @@ def test_job_that_fits_nowhere_says_why() -> None:
     ["plan", "-n", "8,16", "--plot", "/nonexistent-dir/scaling.png"],
     ["plan", "--html", "report.txt"],
     ["plan", "--gpus", "64,"],
+    ["plan", "--tokens", "1e400"],  # overflows to inf
+    ["plan", "--deadline", "1e400d"],
     ["validate", "--runs", "/nonexistent.yaml"],
     ["validate", "--plot", "/nonexistent-dir/parity.png"],
 ])
@@ -357,3 +359,23 @@ def test_the_peak_behind_mfu_is_named() -> None:
     done = gpufleet("plan", "--precision", "fp8", "--top", "1")
     assert done.returncode == 0, done.stderr
     assert "dense fp8 peak, 1,978.9 TFLOP/s" in done.stdout  # H100 SXM: 3,958 sparse / 2
+
+
+def test_gpu_ranges_include_their_top_end_and_counts_appear_once() -> None:
+    from gpufleet.units import parse_int_list
+
+    assert parse_int_list("64-512") == [64, 128, 256, 512]
+    assert parse_int_list("64-1000") == [64, 128, 256, 512, 1000]
+    assert parse_int_list("64-100") == [64, 100]
+    assert parse_int_list("64,64,128") == [64, 128]
+
+
+def test_a_sweep_where_nothing_fits_fails_like_a_single_count() -> None:
+    done = gpufleet("plan", "-n", "1000,2000")  # neither count has a layout dividing the default batch
+    assert done.returncode == 1 and "no GPU count in the sweep has a plan" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_rank_by_cost_without_a_cost_fails_instead_of_ranking_by_time() -> None:
+    done = gpufleet("plan", "-n", "131072", "--rank-by", "cost")
+    assert done.returncode == 1 and "--rank-by cost needs" in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from gpufleet.errors import InputError
@@ -17,15 +18,21 @@ _DURATION_SUFFIX = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0,
 _NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
 
 
+def _positive_finite(value: float, text: str, what: str) -> float:
+    if not math.isfinite(value):
+        raise InputError(f"{what} must be a finite number, got {text!r}")
+    if value <= 0:
+        raise InputError(f"{what} must be positive, got {text!r}")
+    return value
+
+
 def parse_count(text: str, what: str = "count") -> float:
     """'15T' -> 1.5e13; '2.5B' -> 2.5e9; plain numbers pass through. Must be > 0."""
     match = re.fullmatch(_NUMBER + r"\s*([kmbgtp]?)", text.strip().lower())
     if not match:
         raise InputError(f"{what} {text!r} is not a number with an optional suffix (k, M, B, T), e.g. 15T")
     value = float(match.group(1)) * _COUNT_SUFFIX[match.group(2)]
-    if value <= 0:
-        raise InputError(f"{what} must be positive, got {text!r}")
-    return value
+    return _positive_finite(value, text, what)
 
 
 def parse_bytes(text: str, what: str = "size") -> float:
@@ -34,9 +41,7 @@ def parse_bytes(text: str, what: str = "size") -> float:
     if not match or match.group(2) not in _BYTES_SUFFIX:
         raise InputError(f"{what} {text!r} is not a byte size such as 1GiB, 512MiB, 4GB")
     value = float(match.group(1)) * _BYTES_SUFFIX[match.group(2)]
-    if value <= 0:
-        raise InputError(f"{what} must be positive, got {text!r}")
-    return value
+    return _positive_finite(value, text, what)
 
 
 def parse_duration_s(text: str, what: str = "duration") -> float:
@@ -45,9 +50,7 @@ def parse_duration_s(text: str, what: str = "duration") -> float:
     if not match:
         raise InputError(f"{what} {text!r} is not a duration such as 30d, 12h, 90min")
     value = float(match.group(1)) * _DURATION_SUFFIX[match.group(2)]
-    if value <= 0:
-        raise InputError(f"{what} must be positive, got {text!r}")
-    return value
+    return _positive_finite(value, text, what)
 
 
 def parse_ratio(text: str, what: str = "oversubscription") -> float:
@@ -65,7 +68,8 @@ def parse_ratio(text: str, what: str = "oversubscription") -> float:
 
 
 def parse_int_list(text: str, what: str = "list") -> list[int]:
-    """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> powers of two from 64 to 512; '64-512:64' -> step 64."""
+    """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> doublings from 64 to 512; '64-1000' -> 64 ... 512 and 1000
+    (the top end is always included); '64-512:64' -> step 64. Each count appears once."""
     values: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -84,9 +88,10 @@ def parse_int_list(text: str, what: str = "list") -> list[int]:
                 while value <= high:
                     values.append(value)
                     value *= 2
+                values.append(high)  # the range's top end is always in it (64-1000: ... 512, 1000)
         elif part.isdigit() and int(part) > 0:
             values.append(int(part))
         else:
             where = f" (entry {part!r})" if part != text.strip() else ""
             raise InputError(f"{what} {text!r}{where} must be a positive integer, a list 64,128 or a range 64-1024")
-    return values
+    return list(dict.fromkeys(values))  # each count once, in the order given

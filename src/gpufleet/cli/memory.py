@@ -172,7 +172,7 @@ def register(app: typer.Typer) -> None:
                                   assumptions=assumptions)
         node = cat.node_for_gpu(gpu_spec.id)
         try:  # as plan places it: a count that does not fill whole nodes spreads evenly over them
-            gpus_per_node = node_as_used(node, gpus).gpus
+            gpus_per_node = min(gpus, node_as_used(node, gpus).gpus)
         except InputError:
             gpus_per_node = min(gpus, node.gpus)
         data = _report(stages, gpu_spec.hbm_bytes, node, gpus_per_node)
@@ -210,7 +210,8 @@ def register(app: typer.Typer) -> None:
             out.fail(
                 f"does not fit: the offloaded tensors need {data['host_bytes_per_node'] / GIB:,.0f} GiB of pinned "
                 f"memory per {node.id} node but {data['host_budget_bytes_per_node'] / GIB:,.0f} GiB is usable; "
-                "offload fewer layers or use more GPUs",
+                + ("offload fewer layers or use more GPUs" if layout.offload_activation_layers else
+                   "shard the optimizer (--sharding zero1/zero3) or use more GPUs"),
                 EXIT_CHECK_FAILED,
             )
         if data["peak_bytes"] > data["hbm_bytes"]:

@@ -322,6 +322,9 @@ def register(app: typer.Typer) -> None:
     def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int,
                      html_report: Path | None = None) -> None:
         if result.economics_error is not None:
+            if result.request.rank_by == "cost":
+                out.fail(f"--rank-by cost needs the plans' cost, which cannot be computed: {result.economics_error}",
+                         EXIT_CHECK_FAILED)
             if budget is not None:
                 out.fail(f"--budget needs the plans' cost, which cannot be computed: {result.economics_error}",
                          EXIT_CHECK_FAILED)
@@ -380,6 +383,9 @@ def register(app: typer.Typer) -> None:
                     progress.update(task, visible=False)
                 else:
                     progress.update(task, visible=True)
+        if not any(row["fits"] for row in rows):
+            out.fail(f"no GPU count in the sweep has a plan; at {rows[0]['gpus']} GPUs: {rows[0]['reason']}",
+                     EXIT_CHECK_FAILED)
         data: dict[str, Any] = {"framework": framework_to_dict(base), "sweep": rows}
         if plot is not None:
             fitting = [row for row in rows if row["fits"]]
