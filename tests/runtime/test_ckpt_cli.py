@@ -140,7 +140,7 @@ def test_download_refuses_to_overwrite_a_different_checkpoint_and_skips_an_ident
     saved(other, [5], state=expected_state(99))  # step 5 again, different bytes
     assert cli("download", str(source), str(dest)).returncode == 0
     before = snapshot(dest)
-    line = one_line(cli("download", str(other), str(dest)))
+    line = one_line(cli("download", str(other), str(dest)), code=1)
     assert "different checkpoint of step 5" in line and "not overwritten" in line
     assert snapshot(dest) == before
     proc = cli("download", str(source), str(dest))
@@ -170,13 +170,27 @@ def test_download_repairs_a_copy_whose_bytes_rotted(tmp_path: Path) -> None:
     assert found is not None and same_state(found[1], expected_state(5))
 
 
+def test_a_damaged_step_does_not_stop_the_good_ones_after_it(tmp_path: Path) -> None:
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    saved(source, [1, 2, 3])
+    DAMAGE["bit flip in a data file"](ckpt_dir(source, 2))
+    proc = cli("download", str(source), str(dest), "--json")
+    assert proc.returncode == 1 and "step 2" in one_line(proc, code=1)
+    result = json.loads(proc.stdout)  # what did and did not go across, for a script
+    assert [item["step"] for item in result["copied"]] == [1, 3]
+    assert [item["step"] for item in result["not_copied"]] == [2]
+    assert not ckpt_dir(dest, 2).exists()
+    for step in (1, 3):
+        assert verify_checkpoint(_local_fs(), str(ckpt_dir(dest, step))).ok
+
+
 def test_upload_refuses_to_overwrite_a_different_checkpoint_in_the_store(s3: tuple[S3, str], tmp_path: Path) -> None:
     server, url = s3
     saved(tmp_path / "a", [4])
     saved(tmp_path / "b", [4], state=expected_state(77))
     entry = s3_entry(server)
     assert cli("upload", str(tmp_path / "a"), url, entry=entry).returncode == 0
-    line = one_line(cli("upload", str(tmp_path / "b"), url, entry=entry))
+    line = one_line(cli("upload", str(tmp_path / "b"), url, entry=entry), code=1)
     assert "different checkpoint of step 4" in line
     fs, root = open_url(url, server.options(via_proxy=False))
     assert verify_checkpoint(fs, f"{root}/{step_dirname(4)}").ok

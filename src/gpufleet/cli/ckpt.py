@@ -253,13 +253,20 @@ def register(app: typer.Typer) -> None:
         with store_errors(dst):
             dst_fs, dst_root = _destination(dst)
         copied: list[dict[str, Any]] = []
-        for info in infos:
+        not_copied: list[dict[str, Any]] = []  # a damaged source, or a different checkpoint at the destination
+        for info in infos:  # each step on its own: one bad step never stops the good ones after it
             target = join(dst_root, info.path.rstrip("/").rsplit("/", 1)[-1])
             with store_errors(f"{src} -> {dst}"):
                 report = verify_checkpoint(src_fs, info.path)
                 if not report.ok:
-                    raise CheckpointError(f"{info.path} does not verify, not copied: {'; '.join(report.problems)}")
-                manifest, fresh = install_checkpoint(src_fs, info.path, dst_fs, target, policy)
+                    not_copied.append({"step": info.step, "reason": f"{info.path} does not verify: "
+                                       + "; ".join(report.problems)})
+                    continue
+                try:
+                    manifest, fresh = install_checkpoint(src_fs, info.path, dst_fs, target, policy)
+                except CheckpointError as error:
+                    not_copied.append({"step": info.step, "reason": str(error)})
+                    continue
             copied.append({"step": info.step, "to": target, "size_bytes": manifest.total_bytes, "copied": fresh})
 
         def render(console: Console) -> None:
@@ -271,7 +278,10 @@ def register(app: typer.Typer) -> None:
             done = sum(1 for item in copied if item["copied"])
             console.print(f"{verb} {done} checkpoint(s), {len(copied) - done} already there")
 
-        Output(json).emit({"from": src, "to": dst, "copied": copied}, render)
+        Output(json).emit({"from": src, "to": dst, "copied": copied, "not_copied": not_copied}, render)
+        if not_copied:  # the good steps are across (and listed above); say which were not, and fail the check
+            fail(f"{len(not_copied)} checkpoint(s) not {verb}: " + "; ".join(
+                f"step {item['step']}: {item['reason']}" for item in not_copied), EXIT_CHECK_FAILED)
 
     BandwidthOption = typer.Option(None, "--max-mib-per-s",
                                    help="Cap the transfer rate (MiB/s, a positive number; omit for no cap).")
@@ -286,8 +296,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Upload verified complete checkpoints; each manifest goes last.
 
-        A step the destination already holds is skipped when identical and refused (exit 2) when different:
-        nothing is ever overwritten.
+        A step the destination already holds is skipped when identical (every byte checked), repaired when its
+        files are damaged, and refused when it is a different checkpoint: nothing else is ever overwritten. A
+        damaged or refused step does not stop the others; the command then exits 1 naming it.
 
         Example: `gpufleet ckpt upload /checkpoints/run7 s3://bucket/run7 --max-mib-per-s 500`
         """
@@ -303,8 +314,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Download complete checkpoints, verified first, into a hidden folder renamed into place when whole.
 
-        A step the destination already holds is skipped when identical and refused (exit 2) when different:
-        nothing is ever overwritten, and an interrupted download leaves the destination as it was.
+        A step the destination already holds is skipped when identical (every byte checked), repaired when its
+        files are damaged, and refused when it is a different checkpoint; an interrupted download leaves the
+        destination as it was. A damaged or refused step does not stop the others; the command then exits 1.
 
         Example: `gpufleet ckpt download s3://bucket/run7 /checkpoints/run7 --step 1200`
         """
