@@ -352,7 +352,9 @@ def test_a_sweep_shows_the_batch_each_count_ran_at() -> None:
     assert done.returncode == 0, done.stderr
     assert [(row["gpus"], row["global_batch"]) for row in json.loads(done.stdout)["sweep"]] == [(512, 1024),
                                                                                            (2048, 2048)]
-    assert "at least one sequence per GPU" in gpufleet("plan", "-n", "512,2048").stdout
+    shown = gpufleet("plan", "-n", "512,2048", "--precision", "fp8").stdout
+    assert "at least one sequence per GPU" in shown
+    assert "(fp8) on h100-sxm; MFU against the dense fp8 peak, 1,978.9 TFLOP/s" in shown  # a sweep says what it is
 
 
 def test_the_peak_behind_mfu_is_named() -> None:

@@ -405,6 +405,12 @@ def register(app: typer.Typer) -> None:
                  "usd": cheapest["cost"]["offers"][0]["usd"]} if cheapest else None)
 
         def render(console: Console) -> None:
+            gpu_spec = cat.gpu(base.gpu)
+            console.print(f"[bold]{cat.model(base.model).name}[/bold], {base.tokens / 1e9:,.0f}B tokens, seq "
+                          f"{base.seq_len} ({base.precision}) on {base.gpu}"
+                          + (f" ({base.node})" if base.node else "")
+                          + f"; MFU against the dense {base.precision} peak, "
+                          f"{gpu_spec.peak_flops(base.precision) / 1e12:,.1f} TFLOP/s")
             if base.stack:
                 console.print(f"framework: {base.stack}'s documented settings (--json: \"framework\")")
             table = Table(title="scaling sweep (best plan per GPU count)", title_justify="left")

@@ -46,7 +46,7 @@ def _pyplot(path: Path) -> Any:
 
 def _save(plt: Any, figure: Any, path: Path) -> None:
     try:
-        figure.savefig(path)
+        figure.savefig(path, bbox_inches="tight")
     except (OSError, ValueError) as error:
         raise InputError(f"cannot write plot {path}: {error}") from error
     finally:
@@ -80,6 +80,9 @@ def write_series_plot(path: Path, series: Series, *, x_label: str, y_label: str,
     _save(plt, figure, path)
 
 
+#: Most groups a parity plot names in its legend.
+MAX_LEGEND_GROUPS = 12
+
 #: One predicted-vs-measured point: run id, group (colour), predicted and measured value.
 ParityPoint = tuple[str, str, float, float]
 
@@ -106,16 +109,20 @@ def write_parity_plot(path: Path, points: list[ParityPoint], *, quantity: str, t
     axis.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
     axis.fill_between([low, high], [low * (1 - band), high * (1 - band)], [low * (1 + band), high * (1 + band)],
                       color="grey", alpha=0.2, label=f"within ±{band:.0%}")
-    for group in dict.fromkeys(group for _, group, _, _ in points):
+    groups = list(dict.fromkeys(group for _, group, _, _ in points))
+    named = len(groups) <= MAX_LEGEND_GROUPS  # past that a legend covers the points and colours repeat
+    for group in groups:
         mine = [(m, p) for _, g, p, m in points if g == group]
-        axis.scatter([m for m, _ in mine], [p for _, p in mine], label=f"{group} ({len(mine)})", s=18)
+        axis.scatter([m for m, _ in mine], [p for _, p in mine], s=18,
+                     label=f"{group} ({len(mine)})" if named else None)
+    if not named:
+        title += f" ({len(groups)} groups: --json names them)"
     axis.set_xscale("log")
     axis.set_yscale("log")
     axis.set_xlim(low, high)
     axis.set_ylim(low, high)
     axis.set_xlabel(f"measured {quantity}")
     axis.set_ylabel(f"predicted {quantity}")
-    axis.set_title(title)
+    axis.set_title(title, fontsize="medium", wrap=True)
     axis.legend(fontsize="small")
-    figure.tight_layout()
     _save(plt, figure, path)
