@@ -41,7 +41,7 @@ def test_5xx_responses_are_retried_and_resume_from_store_works(s3: tuple[S3, str
     assert server.proxy.faults.failed == 3
     fs, root = open_url(url, server.options(via_proxy=False))
     infos = list_checkpoints(fs, root)
-    assert [(i.step, i.complete) for i in infos] == [(1, True), (2, True)]
+    assert [(i.step, i.has_manifest) for i in infos] == [(1, True), (2, True)]
     for info in infos:
         assert verify_checkpoint(fs, info.path).ok
     shutil.rmtree(tmp_path / "local")  # the node is gone: only the store has the checkpoints
@@ -73,12 +73,12 @@ def test_store_down_mid_upload_is_never_listed_complete_then_retried(s3: tuple[S
     thread = threading.Thread(target=restart_later)
     thread.start()
     thread.join()
-    seen_while_down = [i.complete for i in list_checkpoints(fs, root)]
+    seen_while_down = [i.has_manifest for i in list_checkpoints(fs, root)]
     assert seen_while_down in ([], [False])  # a partial upload is never complete
     manager.wait_uploads(120)
     manager.close()
     infos = list_checkpoints(fs, root)
-    assert [(i.step, i.complete) for i in infos] == [(5, True)]
+    assert [(i.step, i.has_manifest) for i in infos] == [(5, True)]
     assert verify_checkpoint(fs, infos[0].path).ok
 
 

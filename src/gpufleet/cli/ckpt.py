@@ -244,7 +244,8 @@ def register(app: typer.Typer) -> None:
         policy = TransferPolicy(max_bytes_per_s=None if max_mib_per_s is None else max_mib_per_s * 2**20)
         with store_errors(src):
             src_fs, src_root = _open(src)
-            infos = [i for i in list_checkpoints(src_fs, src_root) if i.complete and (step is None or i.step == step)]
+            infos = [i for i in list_checkpoints(src_fs, src_root)
+                     if i.has_manifest and (step is None or i.step == step)]
         if step is not None and not infos:
             raise CheckpointError(f"no complete checkpoint step {step} in {src}")
         if not infos:

@@ -396,7 +396,7 @@ class CheckpointManager:
             return None
         fs, base = self._remote
         for info in reversed(list_checkpoints(fs, base)):
-            if not info.complete:
+            if not info.has_manifest:
                 log.warning("remote checkpoint %s has no manifest (partial upload); skipped", info.path)
                 continue
             tmp = self.root / f"{TMP_PREFIX}download-{step_dirname(info.step)}"

@@ -55,14 +55,14 @@ class TransferPolicy:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One checkpoint directory found under a root: `complete` here means only that its manifest is present.
+    """One checkpoint directory found under a root, and whether its manifest is present (the commit mark).
 
     Whether it is whole (the manifest intact, every file there at its size) is `verify.check_complete`.
     """
 
     step: int
     path: str
-    complete: bool
+    has_manifest: bool
 
 
 def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
