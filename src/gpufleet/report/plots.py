@@ -71,7 +71,9 @@ def write_series_plot(path: Path, series: Series, *, x_label: str, y_label: str,
         axis.plot(xs, ys, marker="o", label=label)
     if log2_x:
         axis.set_xscale("log", base=2)
-    axis.set_ylim(bottom=0)  # start at zero so a small drop does not look like a collapse
+    top = max((y for points in series.values() for _, y in points), default=1.0)
+    # from zero, so a small drop does not look like a collapse; room above, so markers stay whole
+    axis.set_ylim(bottom=0, top=top * 1.08 if top > 0 else 1.0)
     axis.set_xlabel(x_label)
     axis.set_ylabel(y_label)
     axis.set_title(title)
