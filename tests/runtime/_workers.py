@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,13 @@ def expected_state(step: int) -> dict[str, Any]:
         "step": step,
         "meta": {"name": f"step-{step}", "lr": 0.5 / (step + 1)},
     }
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    """Damage one byte of a file in place, keeping its size (what a checksum, not a size check, catches)."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
 
 
 def same_state(a: Any, b: Any) -> bool:

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _workers import expected_state, same_state  # noqa: E402
+from _workers import expected_state, flip_bit, same_state  # noqa: E402
 
 from gpufleet.cli.main import run as cli_run  # noqa: E402
 from gpufleet.runtime.checkpoint import (  # noqa: E402
@@ -99,16 +99,10 @@ def test_load_into_a_template(tmp_path: Path) -> None:
     assert same_state(loaded, expected_state(0))
 
 
-def _flip_bit(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
-    path.write_bytes(bytes(data))
-
-
 DAMAGE = {
-    "bit flip in a shard": lambda d: _flip_bit(d / "__0_0.distcp", 4000),
-    "bit flip in DCP metadata": lambda d: _flip_bit(d / ".metadata", 100),
-    "bit flip in the manifest": lambda d: _flip_bit(d / "manifest.json", 60),
+    "bit flip in a shard": lambda d: flip_bit(d / "__0_0.distcp", 4000),
+    "bit flip in DCP metadata": lambda d: flip_bit(d / ".metadata", 100),
+    "bit flip in the manifest": lambda d: flip_bit(d / "manifest.json", 60),
     "truncated shard": lambda d: os.truncate(d / "__0_0.distcp", 1000),
     "missing shard": lambda d: (d / "__0_0.distcp").unlink(),
     "missing manifest": lambda d: (d / "manifest.json").unlink(),
@@ -241,7 +235,7 @@ def test_checksums_hashed_while_writing_match_the_files(tmp_path: Path) -> None:
 
 def test_a_bit_flip_found_while_loading_names_the_file_and_flags_the_template(tmp_path: Path) -> None:
     manager = saved(tmp_path, range(1, 2))
-    _flip_bit(tmp_path / "step_000000000001" / "__0_0.distcp", 4000)
+    flip_bit(tmp_path / "step_000000000001" / "__0_0.distcp", 4000)
     template = expected_state(99)
     with pytest.raises(CorruptCheckpointError, match=r"__0_0\.distcp: checksum mismatch") as caught:
         manager.load(1, template)
@@ -265,7 +259,7 @@ def test_load_latest_returns_the_older_checkpoint_exactly_after_mid_file_damage(
     manager = saved(tmp_path, range(1, 4), keep_last=5)
     target = _shard_files(tmp_path / "step_000000000003")[shard]
     size = target.stat().st_size
-    _flip_bit(target, {"first byte": 0, "middle": size // 2, "last byte": size - 1}[where])
+    flip_bit(target, {"first byte": 0, "middle": size // 2, "last byte": size - 1}[where])
     template = expected_state(99)
     found = manager.load_latest(template)
     assert found is not None and found[0] == 2

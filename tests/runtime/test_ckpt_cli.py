@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _workers import expected_state, same_state  # noqa: E402
+from _workers import expected_state, flip_bit, same_state  # noqa: E402
 from conftest import S3  # noqa: E402
 
 from gpufleet.runtime.checkpoint import CheckpointManager, open_url, verify_checkpoint  # noqa: E402
@@ -72,17 +72,11 @@ def ckpt_dir(root: Path, step: int) -> Path:
     return root / step_dirname(step)
 
 
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
-    path.write_bytes(bytes(data))
-
-
 DAMAGE = {
-    "bit flip in the manifest": lambda d: _flip(d / "manifest.json", 60),
+    "bit flip in the manifest": lambda d: flip_bit(d / "manifest.json", 60),
     "missing data file": lambda d: (d / "__0_0.distcp").unlink(),
     "truncated data file": lambda d: os.truncate(d / "__0_0.distcp", 100),
-    "bit flip in a data file": lambda d: _flip(d / "__0_0.distcp", 4000),
+    "bit flip in a data file": lambda d: flip_bit(d / "__0_0.distcp", 4000),
 }
 
 
@@ -159,9 +153,7 @@ def test_download_repairs_a_copy_whose_bytes_rotted(tmp_path: Path) -> None:
     copy = dest / step_dirname(5)
     files = [p for p in copy.rglob("*") if p.is_file() and p.name != "manifest.json"]
     data = max(files, key=lambda p: p.stat().st_size)
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_bit(data, data.stat().st_size // 2)
     assert not verify_checkpoint(_local_fs(), str(copy)).ok
     proc = cli("download", str(source), str(dest))
     assert proc.returncode == 0 and "already at" not in proc.stdout, proc.stdout + proc.stderr
