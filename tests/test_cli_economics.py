@@ -83,6 +83,9 @@ def test_cost_uses_user_quote(tmp_path: Path) -> None:
     [
         (("cost", "--gpu-hours", "1000", "--utilization", "1.5"), "--utilization"),
         (("cost", "--gpu-hours", "1000", "--offer", "aws-p5-ondemand"), "did you mean"),
+        (("cost", "--gpu-hours", "1e400", "--gpu", "h100-sxm"), "--gpu-hours must be a finite number"),
+        (("reliability", "--gpus", "64", "--params", "70B", "--train-time", "1e400d"),
+         "--train-time must be a finite number"),
         (("cost", "--gpu-hours", "-3"), "--gpu-hours"),
         (("cost", "--gpu-hours", "1000", "--gpus", "0"), "--gpus"),
         (("facility", "--gpus", "0", "--node", "dgx-h100"), "at least 1"),

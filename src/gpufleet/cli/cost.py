@@ -129,9 +129,7 @@ def register(app: typer.Typer) -> None:
             hours, gpu, gpus = planned.gpu_hours, planned.gpu, planned.gpus
             node = node or planned.node
         else:
-            hours = parse_count(gpu_hours, "--gpu-hours")
-            if not math.isfinite(hours):
-                raise InputError(f"--gpu-hours must be a finite number, got {gpu_hours}")
+            hours = parse_count(gpu_hours, "--gpu-hours")  # refuses non-finite counts (units._positive_finite)
             gpu = gpu_for(cat, node, gpu)
             gpus = DEFAULT_ONPREM_GPUS if gpus is None else gpus
         if utilization is not None and not 0 < utilization <= 1:
