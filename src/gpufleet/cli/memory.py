@@ -38,10 +38,15 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     return value
 
 
-def _report(stages: list[MemoryBreakdown], hbm_bytes: float, node: NodeSpec, gpus_per_node: int) -> dict[str, Any]:
+def _host_per_gpu(stages: list[MemoryBreakdown]) -> float:
+    """Pinned host bytes per GPU of the stage that pins the most."""
+    return max(breakdown.host_bytes for breakdown in stages)
+
+
+def _report(stages: list[MemoryBreakdown], hbm_bytes: float, node: NodeSpec, gpus_per_node: int,
+            host_fits: bool) -> dict[str, Any]:
     peak_stage = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
     peak_bytes = stages[peak_stage].total_bytes
-    host_per_gpu = max(breakdown.host_bytes for breakdown in stages)  # the stage that pins the most
     return {
         "stages": [
             {"stage": i, "bytes": breakdown.as_dict(), "total_bytes": breakdown.total_bytes,
@@ -51,9 +56,9 @@ def _report(stages: list[MemoryBreakdown], hbm_bytes: float, node: NodeSpec, gpu
         "peak_stage": peak_stage,
         "peak_bytes": peak_bytes,
         "hbm_bytes": hbm_bytes,
-        "host_bytes_per_node": host_per_gpu * gpus_per_node,
+        "host_bytes_per_node": _host_per_gpu(stages) * gpus_per_node,
         "host_budget_bytes_per_node": host_memory_bytes(node),
-        "fits": peak_bytes <= hbm_bytes and host_memory_fits(host_per_gpu, node, gpus_per_node),
+        "fits": peak_bytes <= hbm_bytes and host_fits,
     }
 
 
@@ -175,7 +180,8 @@ def register(app: typer.Typer) -> None:
             gpus_per_node = min(gpus, node_as_used(node, gpus).gpus)
         except InputError:
             gpus_per_node = min(gpus, node.gpus)
-        data = _report(stages, gpu_spec.hbm_bytes, node, gpus_per_node)
+        host_fits = host_memory_fits(_host_per_gpu(stages), node, gpus_per_node)
+        data = _report(stages, gpu_spec.hbm_bytes, node, gpus_per_node, host_fits)
         out = Output(json)
 
         def render(console: Console) -> None:
@@ -206,7 +212,7 @@ def register(app: typer.Typer) -> None:
                 )
 
         out.emit(data, render)
-        if not host_memory_fits(data["host_bytes_per_node"] / gpus_per_node, node, gpus_per_node):
+        if not host_fits:
             out.fail(
                 f"does not fit: the offloaded tensors need {data['host_bytes_per_node'] / GIB:,.0f} GiB of pinned "
                 f"memory per {node.id} node but {data['host_budget_bytes_per_node'] / GIB:,.0f} GiB is usable; "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufleet.catalog.calibration import AttentionKernel
-from gpufleet.catalog.records import Precision
+from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError
@@ -97,9 +97,14 @@ def default_global_batch(seq_len: int, gpus: int) -> int:
     return 2 ** math.ceil(math.log2(target))
 
 
+def request_node(request: PlanRequest, catalog: Catalog) -> NodeSpec:
+    """The node type the request names, else the catalog's node for its GPU (whole, before a job spreads)."""
+    return catalog.node(request.node) if request.node else catalog.node_for_gpu(catalog.gpu(request.gpu).id)
+
+
 def build_cluster(request: PlanRequest, catalog: Catalog) -> Cluster:
     gpu = catalog.gpu(request.gpu)
-    node = catalog.node(request.node) if request.node else catalog.node_for_gpu(gpu.id)
+    node = request_node(request, catalog)
     network = catalog.network(request.network or node.default_network)
     fabric = Fabric(network=network, kind=request.topology, oversubscription=request.oversubscription)
     return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric)
@@ -180,7 +185,7 @@ def describe_no_legal_layout(request: PlanRequest, catalog: Catalog, job: Job, c
     """Why no layout exists at all (the GPUs cannot be split so that every degree divides what it splits), and
     the nearest GPU counts where one does."""
     n = cluster.gpus
-    node_gpus = catalog.node(request.node).gpus if request.node else catalog.node_for_gpu(request.gpu).gpus
+    node_gpus = request_node(request, catalog).gpus
     step = node_gpus if n > node_gpus else 1  # beyond one node, suggest counts that fill whole nodes
     below = next((count for count in range((n - 1) // step * step, 0, -step)
                   if _has_legal_layout(request, catalog, count)), None)
