@@ -88,7 +88,7 @@ def test_every_plan_stack_names_a_recipe() -> None:
 
     keys = {key for key, _ in STACK_RECIPES}
     assert set(PLAN_STACKS.values()) <= keys
-    assert plan_stack_recipe("deepseek-v3").ep_dispatch == "node-dedup"
+    assert plan_stack_recipe("deepseek-v3").ep_dispatch == "dedup"
     with pytest.raises(InputError, match="megatron-bridge"):
         plan_stack_recipe("megatron")
 
@@ -164,7 +164,7 @@ def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choos
     # DeepSeek-V3's report: DualPipe hides the expert all-to-all under another micro-batch's compute, and each token
     # crosses InfiniBand once per destination node (was -50 % with a plain, exposed all-to-all)
     deepseek = run_step_options(runs["deepseek-v3-2048xh800"])
-    assert deepseek.ep_comm_overlap and deepseek.ep_dispatch == "node-dedup"
+    assert deepseek.ep_comm_overlap and deepseek.ep_dispatch == "dedup"
     predicted = predict_run(runs["deepseek-v3-2048xh800"], catalog)
     assert predicted.step is not None and predicted.error is not None
     assert predicted.step.parts["comm.ep"].hidden_s > predicted.step.parts["comm.ep"].exposed_s
@@ -414,7 +414,7 @@ def test_automodel_holdout() -> None:
     assert abs(errors["automodel-h100-deepseek-v3-1024gpu"] or 0.0) <= 0.15
     assert max(abs(e or 0.0) for e in errors.values()) <= 0.40
     deepseek = run_step_options(runs[0])
-    assert deepseek.ep_dispatch == "node-dedup" and deepseek.memory.fp32_params
+    assert deepseek.ep_dispatch == "dedup" and deepseek.memory.fp32_params
     # FSDP2 stacks cannot keep activations in CPU memory: the fill never offloads
     llama = predict_run(next(run for run in runs if "llama3-70b" in run.id), catalog)
     assert llama.layout is not None and llama.layout.offload_activation_layers is None

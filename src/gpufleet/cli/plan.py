@@ -225,8 +225,9 @@ def register(app: typer.Typer) -> None:
                                                "runs while another micro-batch computes (DualPipe, Megatron-Core's "
                                                "EP overlap) [default: off, or the --stack's]."),
         ep_dispatch: str | None = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; "
-                                               "the default) or node-dedup (a token crosses the network once per "
-                                               "destination node: DeepEP, HybridEP)."),
+                                               "the default) or dedup (a token is sent once per destination "
+                                               "node over the network and once per destination GPU inside a node: "
+                                               "DeepEP, HybridEP)."),
         selective_policy: str | None = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
                                              "attention (Megatron: all but the attention core; the default) or op "
                                              "(torchtitan's op-level checkpointing: every second matmul output)."),
@@ -257,8 +258,8 @@ def register(app: typer.Typer) -> None:
             raise InputError("--seq and --global-batch must be positive")
         if fabric_model not in ("analytical", "sim"):
             raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
-        if ep_dispatch is not None and ep_dispatch not in ("all-to-all", "node-dedup"):
-            raise InputError(f"--ep-dispatch must be all-to-all or node-dedup, got {ep_dispatch!r}")
+        if ep_dispatch is not None and ep_dispatch not in ("all-to-all", "dedup"):
+            raise InputError(f"--ep-dispatch must be all-to-all or dedup, got {ep_dispatch!r}")
         if selective_policy is not None and selective_policy not in SELECTIVE_POLICIES:
             raise InputError(f"--selective-policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
                              f"got {selective_policy!r}")

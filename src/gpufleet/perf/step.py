@@ -81,9 +81,10 @@ class StepOptions:
     #: the expert all-to-all runs while another micro-batch computes (DualPipe; Megatron-Core's
     #: --overlap-moe-expert-parallel-comm); only what the layer's compute cannot cover stays exposed
     ep_comm_overlap: bool = False
-    #: "node-dedup": a token crosses the network once per destination node and is forwarded over NVLink there
-    #: (DeepEP / HybridEP, DeepSeek-V3's dispatch); "all-to-all": one copy per routed expert
-    ep_dispatch: Literal["all-to-all", "node-dedup"] = "all-to-all"
+    #: "dedup": a token is sent once per destination, not once per routed expert: once per node over the network
+    #: (forwarded over NVLink there) and, inside one node, once per GPU (DeepEP / HybridEP, DeepSeek-V3's
+    #: dispatch); "all-to-all": one copy per routed expert (Megatron-Core's alltoall dispatcher)
+    ep_dispatch: Literal["all-to-all", "dedup"] = "all-to-all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,14 +292,14 @@ def _activation_offload_s(job: Job, layout: Layout, cluster: Cluster, options: S
     return exposed, hidden, f"host link {link_gbytes:g} GB/s x {HOST_LINK_FRACTION:g}"
 
 
-def expected_destination_nodes(experts: int, top_k: int, nodes: int) -> float:
-    """Distinct nodes a token's top_k experts land on, experts spread evenly over `nodes` and chosen uniformly
-    without replacement: nodes · (1 − C(E − E/N, k) / C(E, k))."""
-    per_node = experts / nodes
+def expected_destinations(experts: int, top_k: int, destinations: int) -> float:
+    """Distinct destinations (nodes or GPUs) a token's top_k experts land on, experts spread evenly over
+    `destinations` and chosen uniformly without replacement: N · (1 − C(E − E/N, k) / C(E, k))."""
+    per_destination = experts / destinations
     miss = 1.0
     for i in range(top_k):
-        miss *= max(0.0, experts - per_node - i) / (experts - i)
-    return nodes * (1.0 - miss)
+        miss *= max(0.0, experts - per_destination - i) / (experts - i)
+    return destinations * (1.0 - miss)
 
 
 def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions, recomputed: float) -> float:
@@ -406,13 +407,14 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         links = []
         if layout.ep > 1:
             copies = float(model.moe.top_k)
-            ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
-            if options.ep_dispatch == "node-dedup" and ep_nodes > 1:
-                copies = expected_destination_nodes(model.moe.experts, model.moe.top_k, ep_nodes)
+            if options.ep_dispatch == "dedup":  # DeepEP's layout: is the token bound for this node / this GPU
+                ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
+                destinations = ep_nodes if ep_nodes > 1 else layout.ep  # the network, else NVLink, is the cost
+                copies = expected_destinations(model.moe.experts, model.moe.top_k, destinations)
             dispatch_bytes = local_expert_tokens(layout, tokens_mb) * copies * model.hidden * ACTIVATION_BYTES
             a2a = _cost("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
             ep_per_layer_s += passes * a2a.time_s * options.ep_imbalance
-            links.append(a2a.link + (f", once per node ({copies:.1f} of {model.moe.top_k} copies)"
+            links.append(a2a.link + (f", once per destination ({copies:.1f} of {model.moe.top_k} copies)"
                                      if copies != model.moe.top_k else ""))
         if etp > 1:  # the AG + RS pair over the gathered buffer moves what one all-reduce of it moves
             gathered_bytes = expert_routed_tokens(layout, tokens_mb) * model.moe.top_k * model.hidden * ACTIVATION_BYTES

@@ -225,7 +225,7 @@ class StackRecipe:
     expert_tp: int | None = None
     sharding: Sharding | None = None  # fills a run's null sharding
     ep_comm_overlap: bool | None = None
-    ep_dispatch: Literal["all-to-all", "node-dedup"] | None = None
+    ep_dispatch: Literal["all-to-all", "dedup"] | None = None
     fp32_params: bool | None = None  # PyTorch FSDP2: the sharded fp32 parameter is the optimizer's master
     selective_policy: SelectivePolicy | None = None
     #: a null micro-batch size is the local batch split into `pp` micro-batches (torchtitan's default)
@@ -268,10 +268,10 @@ _MEGATRON_2021_RECIPE = StackRecipe(
 
 #: Stack recipes keyed by words of the run's `source`; the first match wins.
 STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
-    ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="node-dedup", reason=(
+    ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="dedup", reason=(
         "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
         "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
-    ("nemo automodel", StackRecipe(ep_dispatch="node-dedup", fp32_params=True, activation_offload=False, reason=(
+    ("nemo automodel", StackRecipe(ep_dispatch="dedup", fp32_params=True, activation_offload=False, reason=(
         "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
         "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy, "
         "and has no CPU offloading of activations (Megatron-Core's)"))),
