@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+import statistics
 
 import pytest
 from hypothesis import assume, given, settings
@@ -230,6 +232,22 @@ def test_expected_destinations_by_hand() -> None:
     assert expected_destinations(8, 8, 8) == pytest.approx(8.0)  # top-k of all experts hits every node
 
 
+@given(st.integers(0, 7), st.integers(1, 16), st.integers(0, 6))
+def test_expected_destinations_between_one_and_the_fewer_of_top_k_and_destinations(
+        log_destinations: int, top_k: int, log_per_destination: int) -> None:
+    # A token reaches at least one destination and at most one per routed expert or per destination; a
+    # Monte-Carlo draw of the same routing agrees with the closed form (within 5 standard errors).
+    destinations = 2 ** log_destinations
+    experts = destinations * 2 ** log_per_destination
+    assume(top_k <= experts)
+    expected = expected_destinations(experts, top_k, destinations)
+    assert 1.0 - 1e-9 <= expected <= min(top_k, destinations) + 1e-9
+    rng = random.Random(experts * 131 + top_k)
+    draws = [len({e * destinations // experts for e in rng.sample(range(experts), top_k)}) for _ in range(2000)]
+    mean = statistics.fmean(draws)
+    assert mean == pytest.approx(expected, abs=max(0.01, 5 * statistics.pstdev(draws) / len(draws) ** 0.5))
+
+
 def test_dedup_dispatch_across_nodes_sends_each_token_once_per_destination_node() -> None:
     # Qwen3-30B-A3B, ep 16 over 2 nodes (tp 1): plain all-to-all sends one copy per routed expert (8); DeepEP-style
     # dispatch sends one per destination node, 2·(1 − C(64,8)/C(128,8)) of them. At 64K tokens per rank the
@@ -344,7 +362,7 @@ def test_parts_add_up_to_the_step() -> None:
 @settings(max_examples=25, deadline=None)
 @given(ep=st.sampled_from([2, 4, 8, 16, 32]), tp=st.sampled_from([1, 2]), micro_batch=st.sampled_from([1, 2]),
        gpus=st.sampled_from([16, 32, 64]))
-def test_ep_overlap_and_node_dedup_never_slow_a_step(ep: int, tp: int, micro_batch: int, gpus: int) -> None:
+def test_ep_overlap_and_dedup_dispatch_never_slow_a_step(ep: int, tp: int, micro_batch: int, gpus: int) -> None:
     qwen = CATALOG.model("qwen3-30b-a3b")
     dp = gpus // tp
     assume(ep <= gpus)
