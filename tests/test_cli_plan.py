@@ -38,6 +38,18 @@ def test_piped_table_keeps_each_plan_on_one_line() -> None:
     assert len(rows) == 1 and " dp" in rows[0] and "GiB" in rows[0] and " d " in rows[0], done.stdout
 
 
+def test_eager_plans_pay_for_unfused_elementwise_kernels() -> None:
+    # --eager: same layouts, slower steps (eager PyTorch's fp32 RMSNorm, rotary and SwiGLU as separate kernels);
+    # the JSON says which was assumed.
+    fused = json.loads(gpufleet("plan", "--top", "1", "--json").stdout)
+    done = gpufleet("plan", "--eager", "--top", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    eager = json.loads(done.stdout)
+    assert fused["framework"]["fused_elementwise"] and not eager["framework"]["fused_elementwise"]
+    fused_best, eager_best = fused["plans"][0], eager["plans"][0]
+    assert eager_best["tokens_per_s_per_gpu"] < fused_best["tokens_per_s_per_gpu"]
+
+
 def test_stack_applies_a_frameworks_documented_settings() -> None:
     # torchtitan: FSDP2's fp32 parameters, op-level selective checkpointing, DTensor TP; an explicit flag wins.
     done = gpufleet("plan", "-m", "llama3-70b", "-n", "64", "--stack", "torchtitan", "--overlap-tp", "--top", "1",

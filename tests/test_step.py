@@ -103,6 +103,55 @@ def test_fp8_casts_every_routed_copy_of_a_moe_layer_input_by_hand() -> None:
     assert math.isclose(fp8.elementwise_fwd_s - bf16.elementwise_fwd_s, cast_s, rel_tol=1e-9)
 
 
+def test_eager_elementwise_by_hand() -> None:
+    # Eager PyTorch, counted from torchtitan's ops in 2-byte passes per token. Llama 3.1 8B (h 4096, 32 q and 8 kv
+    # heads of 128, SwiGLU width 14336), tp 1: two fp32 RMSNorms 2 x 16 x 4096, rotary on q and k 8 x 5120,
+    # silu-then-multiply 2 x 14336 = 200,704 more elements per token; one sequence of 8192 at 2 B over
+    # 3.35 TB/s x 0.8.
+    from gpufleet.perf.compute import layer_compute
+
+    layout = Layout(micro_batch=1)
+    fused = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
+    eager = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False,
+                          fused_elementwise=False)
+    extra_s = 8192 * (2 * 16 * 4096 + 8 * (32 + 8) * 128 + 2 * 14336) * 2 / (3.35e12 * 0.8)
+    assert math.isclose(eager.elementwise_fwd_s - fused.elementwise_fwd_s, extra_s, rel_tol=1e-9)
+    assert eager.gemm_fwd_s == fused.gemm_fwd_s and eager.attention_fwd_s == fused.attention_fwd_s
+    # tp 2 without SP: the norms still see the whole hidden, rotary and the MLP only this rank's half
+    half = Layout(tp=2, dp=4, micro_batch=1)
+    fused = layer_compute(LLAMA8, half, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
+    eager = layer_compute(LLAMA8, half, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False,
+                          fused_elementwise=False)
+    extra_s = 8192 * (2 * 16 * 4096 + 8 * (32 + 8) * 128 / 2 + 2 * 14336 / 2) * 2 / (3.35e12 * 0.8)
+    assert math.isclose(eager.elementwise_fwd_s - fused.elementwise_fwd_s, extra_s, rel_tol=1e-9)
+
+
+def test_eager_adds_nothing_where_eager_pytorch_runs_one_kernel_anyway() -> None:
+    # GPT-3 style: LayerNorm (one ATen kernel), learned positions (no rotary), GELU MLP (one kernel).
+    from gpufleet.perf.compute import layer_compute
+
+    gpt = LLAMA8.model_copy(update={"norm": "layernorm", "learned_positions": 2048, "gated_mlp": False,
+                                    "linear_bias": True})
+    layout = Layout(micro_batch=1)
+    fused = layer_compute(gpt, layout, H100, CAL, seq_len=2048, precision="bf16", moe_layer=False)
+    eager = layer_compute(gpt, layout, H100, CAL, seq_len=2048, precision="bf16", moe_layer=False,
+                          fused_elementwise=False)
+    assert eager.elementwise_fwd_s == fused.elementwise_fwd_s
+
+
+def test_an_eager_step_is_slower_by_its_elementwise_traffic_only() -> None:
+    # The whole step: eager adds forward, backward (2x) and the op-level recompute of the element-wise ops, and
+    # nothing else (same GEMMs, attention, communication).
+    job = Job(LLAMA8, tokens=1e12, seq_len=8192, global_batch=16)
+    layout = Layout(dp=8, micro_batch=2, sharding="fsdp", recompute="selective")
+    fused = estimate_step(job, layout, cluster(8), CAL)
+    eager = estimate_step(job, layout, cluster(8), CAL, StepOptions(fused_elementwise=False))
+    assert eager.step_s > fused.step_s
+    for name in ("compute.gemm", "compute.attention", "comm.dp"):
+        assert eager.parts[name].exposed_s == pytest.approx(fused.parts[name].exposed_s)
+    assert eager.parts["compute.elementwise"].exposed_s / fused.parts["compute.elementwise"].exposed_s > 2
+
+
 def test_torchtitan_op_level_selective_recompute_by_hand() -> None:
     # torchtitan's op-level selective checkpointing saves every matmul output except every second one, in call
     # order q, k, v, out, up (w1), gate (w3), down (w2), so the backward re-runs k, out and gate, plus every

@@ -95,7 +95,8 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
     return {"stack": request.stack, "attention_kernel": request.attention_kernel,
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
-            "ep_dispatch": options.ep_dispatch, "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
+            "ep_dispatch": options.ep_dispatch, "fused_elementwise": options.fused_elementwise,
+            "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
             "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
             "moe_dropless": options.moe_dropless, "loss_bytes_per_logit": options.loss_bytes_per_logit,
             "logits_bytes_per_element": memory.logits_bytes_per_element,
@@ -231,6 +232,9 @@ def register(app: typer.Typer) -> None:
         selective_policy: str | None = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
                                              "attention (Megatron: all but the attention core; the default) or op "
                                              "(torchtitan's op-level checkpointing: every second matmul output)."),
+        eager: bool | None = typer.Option(None, "--eager/--fused", help="Element-wise ops run as eager PyTorch, one "
+                                          "kernel each with an fp32 RMSNorm (torchtitan without torch.compile), or as "
+                                          "fused kernels (Transformer Engine, torch.compile) [default: fused]."),
         stack: str | None = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
                                   "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
                                   f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
@@ -292,7 +296,8 @@ def register(app: typer.Typer) -> None:
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
-                           **_framework(stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy))
+                           **_framework(stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy,
+                                        eager))
         if not sweep:
             result = _plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report)
@@ -300,10 +305,10 @@ def register(app: typer.Typer) -> None:
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
 
     def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
-                   ep_dispatch: str | None, selective_policy: str | None) -> dict[str, Any]:
+                   ep_dispatch: str | None, selective_policy: str | None, eager: bool | None) -> dict[str, Any]:
         """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
         options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
-                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy)
+                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
         recipe = plan_stack_recipe(stack) if stack is not None else None
         return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
                 "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}

@@ -29,6 +29,17 @@ ELEMENTWISE_FFN_PASSES_GATED = 3
 ELEMENTWISE_FFN_PASSES_PLAIN = 2
 #: Backward element-wise traffic relative to forward.
 BACKWARD_ELEMENTWISE_RATIO = 2.0
+#: Eager PyTorch (no torch.compile, no fused kernels; torchtitan's own RMSNorm, rotary and SwiGLU) moves more
+#: than the fused kernels above, counted from its op sequence in bf16-element (2 B) passes:
+#: RMSNorm `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w` reads and writes 6 + 8 + 4 +
+#: 8 + 6 + 4 = 36 B per element, 18 passes where a fused kernel makes 2: 16 more per norm.
+EAGER_RMSNORM_EXTRA_PASSES = 16
+#: Rotary `view_as_real(view_as_complex(x.float()) * freqs).type_as(x)` on q and k: 6 + 8 + 6 = 20 B, 10 passes
+#: over the q and k widths where a fused kernel makes 2: 8 more.
+EAGER_ROTARY_EXTRA_PASSES = 8
+#: `silu(gate) * up` as two kernels: silu reads and writes (2 passes), the product reads two and writes one
+#: (3): 5 passes over the MLP width where a fused kernel makes 3: 2 more.
+EAGER_GATED_EXTRA_PASSES = 2
 #: MoE token shuffling per token and routed copy: permute (read+write h) and un-permute/combine (read h),
 #: plus writing the combined output once: (3·top_k + 1)·h elements forward.
 MOE_PERMUTE_PASSES_PER_COPY = 3
@@ -120,9 +131,25 @@ def gemm_time_s(m: float, n: float, k: float, peak_flops: float, calibration: Ca
     return count * 2 * m * n * k / (peak_flops * efficiency)
 
 
+def _eager_extra_elements_per_token(model: ModelSpec, hidden_share: float, ffn_share: float, tp: int) -> float:
+    """Element passes per token that eager PyTorch adds over fused kernels: two RMSNorms (LayerNorm is one ATen
+    kernel either way), rotary on q and k (none with learned positions; MLA's partial rotary is left out), and a
+    gated MLP's activation."""
+    extra = 0.0
+    if model.norm == "rmsnorm":
+        extra += 2 * EAGER_RMSNORM_EXTRA_PASSES * hidden_share
+    if model.learned_positions == 0 and model.mla is None:
+        extra += EAGER_ROTARY_EXTRA_PASSES * (model.heads + model.kv_heads) * model.head_dim_ / tp
+    if model.gated_mlp:
+        extra += EAGER_GATED_EXTRA_PASSES * ffn_share
+    return extra
+
+
 def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,
-                  *, seq_len: int, precision: Precision, moe_layer: bool) -> LayerCompute:
-    """Forward compute of one layer for one micro-batch on one GPU of `layout`."""
+                  *, seq_len: int, precision: Precision, moe_layer: bool,
+                  fused_elementwise: bool = True) -> LayerCompute:
+    """Forward compute of one layer for one micro-batch on one GPU of `layout`; `fused_elementwise=False`
+    prices eager PyTorch's unfused norms, rotary and gated activation."""
     tp, cp = layout.tp, layout.cp
     tokens = layout.micro_batch * seq_len / cp
     h = model.hidden
@@ -208,6 +235,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     elements = tokens * (ELEMENTWISE_HIDDEN_PASSES * hidden_share + ffn_passes * ffn_width / tp)
     if moe_layer and model.moe is not None:
         elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
+    if not fused_elementwise:
+        elements += tokens * _eager_extra_elements_per_token(model, hidden_share, ffn_width / tp, tp)
     if precision in ("fp8", "fp4"):
         q_width = model.heads * model.head_dim_
         # per token; routed experts take each of a token's top_k copies (plus the shared experts' one) at

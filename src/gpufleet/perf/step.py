@@ -78,6 +78,9 @@ class StepOptions:
     memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
     moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
     host_s_per_kernel: float = 10e-6  # eager PyTorch + framework host time per launched kernel (judgement)
+    #: norms, rotary and the gated activation run as fused kernels (Transformer Engine, Apex, torch.compile);
+    #: False: eager PyTorch, one kernel per op and an fp32 RMSNorm (torchtitan without --training.compile)
+    fused_elementwise: bool = True
     #: the expert all-to-all runs while another micro-batch computes (DualPipe; Megatron-Core's
     #: --overlap-moe-expert-parallel-comm); only what the layer's compute cannot cover stays exposed
     ep_comm_overlap: bool = False
@@ -325,10 +328,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     moe_from = model.layers if model.moe is None else model.moe.dense_layers
     tokens_mb = layout.micro_batch * seq / layout.cp  # tokens one GPU processes per micro-batch
 
-    dense_layer = layer_compute(model, layout, cluster.gpu, calibration, seq_len=seq,
-                                precision=job.precision, moe_layer=False) if moe_from > 0 else None
-    moe_layer = layer_compute(model, layout, cluster.gpu, calibration, seq_len=seq,
-                              precision=job.precision, moe_layer=True) if moe_from < model.layers else None
+    dense_layer = layer_compute(model, layout, cluster.gpu, calibration, seq_len=seq, precision=job.precision,
+                                moe_layer=False, fused_elementwise=options.fused_elementwise) if moe_from > 0 else None
+    moe_layer = layer_compute(model, layout, cluster.gpu, calibration, seq_len=seq, precision=job.precision,
+                              moe_layer=True, fused_elementwise=options.fused_elementwise) \
+        if moe_from < model.layers else None
 
     # --- per-layer communication, per micro-batch -------------------------------------------
     act_bytes = tokens_mb * model.hidden * ACTIVATION_BYTES

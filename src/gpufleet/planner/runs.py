@@ -378,7 +378,7 @@ def plan_stack_recipe(name: str) -> StackRecipe:
 
 def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,
                       overlap_ep: bool | None = None, ep_dispatch: str | None = None,
-                      selective_policy: str | None = None) -> StepOptions:
+                      selective_policy: str | None = None, eager: bool | None = None) -> StepOptions:
     """The step and memory settings of `plan`/`memory --stack` (Megatron-LM's defaults without one), then the
     explicit flags given (None: not given) on top."""
     options = StepOptions() if stack is None else recipe_step_options(plan_stack_recipe(stack), StepOptions())
@@ -393,16 +393,26 @@ def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dten
         step["ep_comm_overlap"] = overlap_ep
     if ep_dispatch is not None:
         step["ep_dispatch"] = ep_dispatch
+    if eager is not None:
+        step["fused_elementwise"] = not eager
     if selective_policy is not None:
         memory["selective_policy"] = selective_policy
     return replace(options, **step, memory=replace(options.memory, **memory))
 
 
 def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
-    """`options` with the settings the run's stack is known to have used (STACK_RECIPES)."""
+    """`options` with the settings the run's stack is known to have used (STACK_RECIPES), and eager element-wise
+    kernels for a run that says it ran eager (`ran_eager`)."""
     options = options or StepOptions()
     recipe = stack_recipe(run)
-    return options if recipe is None else recipe_step_options(recipe, options)
+    options = options if recipe is None else recipe_step_options(recipe, options)
+    return replace(options, fused_elementwise=False) if ran_eager(run) else options
+
+
+def ran_eager(run: PublishedRun) -> bool:
+    """Whether the run's id or notes name it eager PyTorch (no torch.compile: torchtitan's "FSDP" rows beside
+    "FSDP + torch.compile"), the word "eager" standing alone."""
+    return re.search(r"(?<![a-z0-9])eager(?![a-z0-9])", f"{run.id} {run.notes}".lower()) is not None
 
 
 def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOptions:

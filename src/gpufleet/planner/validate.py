@@ -42,6 +42,7 @@ class RunPrediction:
     step: StepEstimate | None = None
     attention_kernel: str | None = None  # the kernel the run's stack used, as validation assumed it
     stack: str | None = None  # the STACK_RECIPES key whose documented settings validation applied
+    eager: bool = False  # priced with eager PyTorch's unfused element-wise kernels (the run says it ran eager)
 
     @property
     def note(self) -> str:
@@ -51,6 +52,8 @@ class RunPrediction:
             notes.append(f"attention: {self.attention_kernel}")
         if self.stack:
             notes.append(f"stack: {self.stack}")
+        if self.eager:
+            notes.append("eager element-wise")
         return "; ".join(note for note in notes if note)
 
     @property
@@ -72,6 +75,7 @@ class RunPrediction:
             "layout": self.layout.short() if self.layout else None,
             "attention_kernel": self.attention_kernel,
             "stack": self.stack,
+            "eager": self.eager,
         }
 
 
@@ -104,6 +108,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         job = run_job(run, run.global_batch, catalog)
         calibration = run_calibration(run, catalog, cluster.gpu.id)
         options = run_step_options(run, options)
+        result.eager = not options.fused_elementwise
         result.attention_kernel = calibration.attention_kernel
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
