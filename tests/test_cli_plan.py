@@ -48,6 +48,9 @@ def test_eager_plans_pay_for_unfused_elementwise_kernels() -> None:
     assert fused["framework"]["fused_elementwise"] and not eager["framework"]["fused_elementwise"]
     fused_best, eager_best = fused["plans"][0], eager["plans"][0]
     assert eager_best["tokens_per_s_per_gpu"] < fused_best["tokens_per_s_per_gpu"]
+    # the table's header says so; with Megatron-LM's defaults it says nothing
+    assert "framework: eager element-wise kernels" in gpufleet("plan", "--eager", "--top", "1").stdout
+    assert "framework:" not in gpufleet("plan", "--top", "1").stdout
 
 
 def test_stack_applies_a_frameworks_documented_settings() -> None:

@@ -89,6 +89,14 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
     }
 
 
+def framework_note(request: PlanRequest) -> str | None:
+    """The header line naming framework settings that differ from Megatron-LM's defaults, or None."""
+    said = [f"{request.stack}'s documented settings"] if request.stack else []
+    if not request.options.fused_elementwise:
+        said.append("eager element-wise kernels (no torch.compile)")
+    return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None
+
+
 def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
     """The framework behaviours the plan assumed (`--stack` and the overlap/recompute flags)."""
     options, memory = request.options, request.options.memory
@@ -133,8 +141,9 @@ def render_result(console: Console, result: PlanResult) -> None:
     )
     console.print(f"MFU and HFU are against {cluster.gpu.id}'s dense {job.precision} peak, "
                   f"{cluster.gpu.peak_flops(job.precision) / 1e12:,.1f} TFLOP/s")
-    if result.request.stack:
-        console.print(f"framework: {result.request.stack}'s documented settings (--json: \"framework\")")
+    note = framework_note(result.request)
+    if note:
+        console.print(note)
     reasons = ", ".join(f"{n} {r}" for r, n in result.search.infeasible.most_common())
     console.print(f"layouts tried {result.search.tried}: {len(result.search.feasible)} fit; "
                   f"rejected: {reasons or 'none'}")
@@ -417,8 +426,9 @@ def register(app: typer.Typer) -> None:
                           + (f" ({base.node})" if base.node else "")
                           + f"; MFU against the dense {base.precision} peak, "
                           f"{gpu_spec.peak_flops(base.precision) / 1e12:,.1f} TFLOP/s")
-            if base.stack:
-                console.print(f"framework: {base.stack}'s documented settings (--json: \"framework\")")
+            note = framework_note(base)
+            if note:
+                console.print(note)
             table = Table(title="scaling sweep (best plan per GPU count)", title_justify="left")
             for column in ("GPUs", "batch", "layout", "step", "tok/s/GPU", "MFU", "time-to-train"):
                 table.add_column(column, justify="left" if column == "layout" else "right")
