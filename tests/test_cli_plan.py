@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -38,9 +39,9 @@ def test_piped_table_keeps_each_plan_on_one_line() -> None:
     assert len(rows) == 1 and " dp" in rows[0] and "GiB" in rows[0] and " d " in rows[0], done.stdout
 
 
-def test_eager_plans_pay_for_unfused_elementwise_kernels() -> None:
+def test_eager_plans_pay_for_unfused_elementwise_kernels(tmp_path: Path) -> None:
     # --eager: same layouts, slower steps (eager PyTorch's fp32 RMSNorm, rotary and SwiGLU as separate kernels);
-    # the JSON says which was assumed.
+    # the JSON, the table's header and the HTML report say which was assumed.
     fused = json.loads(gpufleet("plan", "--top", "1", "--json").stdout)
     done = gpufleet("plan", "--eager", "--top", "1", "--json")
     assert done.returncode == 0, done.stderr
@@ -51,6 +52,9 @@ def test_eager_plans_pay_for_unfused_elementwise_kernels() -> None:
     # the table's header says so; with Megatron-LM's defaults it says nothing
     assert "framework: eager element-wise kernels" in gpufleet("plan", "--eager", "--top", "1").stdout
     assert "framework:" not in gpufleet("plan", "--top", "1").stdout
+    report = tmp_path / "plan.html"
+    assert gpufleet("plan", "--eager", "--top", "1", "--html", str(report)).returncode == 0
+    assert "eager PyTorch kernels" in report.read_text(encoding="utf-8")
 
 
 def test_stack_applies_a_frameworks_documented_settings() -> None:

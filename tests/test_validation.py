@@ -370,6 +370,8 @@ def test_a_run_that_says_eager_gets_eager_elementwise_kernels() -> None:
     assert not run_step_options(compiled.model_copy(update={"notes": "eager PyTorch, no torch.compile"})
                                 ).fused_elementwise
     assert run_step_options(compiled.model_copy(update={"notes": "eagerly awaited"})).fused_elementwise
+    for negated in ("torch.compile on, not eager", "non-eager", "no eager mode"):
+        assert run_step_options(compiled.model_copy(update={"notes": negated})).fused_elementwise, negated
     catalog = load_catalog()
     eager_prediction, compiled_prediction = predict_run(eager, catalog), predict_run(compiled, catalog)
     assert eager_prediction.eager and "eager element-wise" in eager_prediction.note and not compiled_prediction.eager
@@ -422,14 +424,16 @@ def test_nemo_blackwell_holdout() -> None:
 def test_automodel_holdout() -> None:
     # Not shipped, nothing fitted: NeMo AutoModel (PyTorch FSDP2 + Transformer Engine + DeepEP) on H100 in BF16.
     # A stack the model captures less well; the bounds guard the figures measured when written: DeepSeek-V3 on
-    # 1,024 / 256 H100 -9.8 / -30.6 % (with DeepEP's once-per-node dispatch; -26 / -44 % without), Qwen3-30B-A3B on 8
-    # -34.5 % (the memory model says even full recompute is 6 GiB over), Llama 3 70B on 64 +13.4 %
-    # (+20.8 % while the fill could offload activations to CPU memory, which FSDP2 stacks cannot).
+    # 1,024 / 256 H100 -10.7 / -34.5 % (with DeepEP's once-per-node dispatch; -26 / -46 % without), Qwen3-30B-A3B on
+    # 8 -30.8 % (-35.6 % before DeepEP's once-per-GPU dispatch inside the node; the memory model says even full
+    # recompute is 6 GiB over), Llama 3 70B on 64 +13.2 % (+20.8 % while the fill could offload activations to CPU
+    # memory, which FSDP2 stacks cannot).
     catalog = load_catalog()
     runs = load_runs(DATA / "automodel_holdout.yaml")
     errors = {run.id: predict_run(run, catalog).error for run in runs}
     assert all(e is not None for e in errors.values())
     assert abs(errors["automodel-h100-deepseek-v3-1024gpu"] or 0.0) <= 0.15
+    assert abs(errors["automodel-h100-qwen3-30b-a3b-8gpu"] or 0.0) <= 0.32
     assert max(abs(e or 0.0) for e in errors.values()) <= 0.40
     deepseek = run_step_options(runs[0])
     assert deepseek.ep_dispatch == "dedup" and deepseek.memory.fp32_params

@@ -241,9 +241,9 @@ def register(app: typer.Typer) -> None:
         selective_policy: str | None = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
                                              "attention (Megatron: all but the attention core; the default) or op "
                                              "(torchtitan's op-level checkpointing: every second matmul output)."),
-        eager: bool | None = typer.Option(None, "--eager/--fused", help="Element-wise ops run as eager PyTorch, one "
-                                          "kernel each with an fp32 RMSNorm (torchtitan without torch.compile), or as "
-                                          "fused kernels (Transformer Engine, torch.compile) [default: fused]."),
+        eager: bool = typer.Option(False, "--eager", help="Element-wise ops run as eager PyTorch, one kernel each "
+                                   "with an fp32 RMSNorm (torchtitan without torch.compile) [default: fused kernels, "
+                                   "as Transformer Engine and torch.compile run them]."),
         stack: str | None = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
                                   "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
                                   f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
@@ -314,10 +314,10 @@ def register(app: typer.Typer) -> None:
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
 
     def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
-                   ep_dispatch: str | None, selective_policy: str | None, eager: bool | None) -> dict[str, Any]:
+                   ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
         """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
         options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
-                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
+                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager or None)
         recipe = plan_stack_recipe(stack) if stack is not None else None
         return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
                 "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}

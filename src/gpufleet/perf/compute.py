@@ -31,8 +31,8 @@ ELEMENTWISE_FFN_PASSES_PLAIN = 2
 BACKWARD_ELEMENTWISE_RATIO = 2.0
 #: Eager PyTorch (no torch.compile, no fused kernels; torchtitan's own RMSNorm, rotary and SwiGLU) moves more
 #: than the fused kernels above, counted from its op sequence in bf16-element (2 B) passes:
-#: RMSNorm `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w` reads and writes 6 + 8 + 4 +
-#: 8 + 6 + 4 = 36 B per element, 18 passes where a fused kernel makes 2: 16 more per norm.
+#: RMSNorm `y = x.float(); (y * rsqrt(y.pow(2).mean(-1) + eps)).type_as(x) * w` reads and writes 6 + 8 + 4 + 8 +
+#: 6 + 4 = 36 B per element, 18 passes where a fused kernel makes 2: 16 more per norm.
 EAGER_RMSNORM_EXTRA_PASSES = 16
 #: Rotary `view_as_real(view_as_complex(x.float()) * freqs).type_as(x)` on q and k: 6 + 8 + 6 = 20 B, 10 passes
 #: over the q and k widths where a fused kernel makes 2: 8 more.

@@ -272,9 +272,10 @@ STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
         "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
         "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
     ("nemo automodel", StackRecipe(ep_dispatch="dedup", fp32_params=True, activation_offload=False, reason=(
-        "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (once-per-node "
-        "dispatch); it trains with PyTorch FSDP2, whose sharded fp32 parameters are the optimizer's master copy, "
-        "and has no CPU offloading of activations (Megatron-Core's)"))),
+        "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (a token sent "
+        "once per destination node, and once per destination GPU inside a node); it trains with PyTorch FSDP2, "
+        "whose sharded fp32 parameters are the optimizer's master copy, and has no CPU offloading of activations "
+        "(Megatron-Core's)"))),
     ("torchtitan", StackRecipe(
         fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2),
         tp_async_backward=False, tp_gathered_inputs=True, logits_bytes_per_element=12.0, activation_offload=False,
@@ -411,8 +412,11 @@ def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> S
 
 def ran_eager(run: PublishedRun) -> bool:
     """Whether the run's id or notes name it eager PyTorch (no torch.compile: torchtitan's "FSDP" rows beside
-    "FSDP + torch.compile"), the word "eager" standing alone."""
-    return re.search(r"(?<![a-z0-9])eager(?![a-z0-9])", f"{run.id} {run.notes}".lower()) is not None
+    "FSDP + torch.compile"): the word "eager" standing alone and not negated ("not eager", "non-eager")."""
+    return _EAGER.search(f"{run.id} {run.notes}".lower()) is not None
+
+
+_EAGER = re.compile(r"(?<![a-z0-9])(?<!not )(?<!non-)(?<!no )eager(?![a-z0-9])")
 
 
 def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOptions:

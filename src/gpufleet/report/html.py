@@ -63,6 +63,8 @@ def plan_report_html(data: dict[str, Any]) -> str:
     framework = data.get("framework") or {}
     stack = (f" Framework: {html.escape(framework['stack'])}'s documented settings."
              if framework.get("stack") else "")
+    if framework.get("fused_elementwise") is False:
+        stack += " Element-wise ops priced as eager PyTorch kernels (no torch.compile)."
     return "\n".join([
         "<!doctype html><html><head><meta charset='utf-8'><title>gpufleet plan</title>",
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 10px;text-align:right}"
