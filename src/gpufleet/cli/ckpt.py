@@ -125,7 +125,8 @@ def register(app: typer.Typer) -> None:
         Example: `gpufleet ckpt verify /checkpoints/run7 --step 1200`
         """
         from gpufleet.runtime.checkpoint.errors import CheckpointError
-        from gpufleet.runtime.checkpoint.store import join, list_checkpoints, store_errors
+        from gpufleet.runtime.checkpoint.names import join
+        from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
         from gpufleet.runtime.checkpoint.verify import verify_checkpoint
 
         _check_step(step)
@@ -228,13 +229,8 @@ def register(app: typer.Typer) -> None:
 
     def _copy(src: str, dst: str, step: int | None, max_mib_per_s: float | None, json: bool, verb: str) -> None:
         from gpufleet.runtime.checkpoint.errors import CheckpointError
-        from gpufleet.runtime.checkpoint.store import (
-            TransferPolicy,
-            install_checkpoint,
-            join,
-            list_checkpoints,
-            store_errors,
-        )
+        from gpufleet.runtime.checkpoint.names import join
+        from gpufleet.runtime.checkpoint.store import TransferPolicy, install_checkpoint, list_checkpoints, store_errors
         from gpufleet.runtime.checkpoint.verify import verify_checkpoint
 
         _check_step(step)

@@ -31,6 +31,7 @@ from gpufleet.runtime.checkpoint.names import (
     LATEST_NAME,
     TMP_PREFIX,
     TRASH_PREFIX,
+    join,
     parse_step,
     step_dirname,
 )
@@ -39,7 +40,6 @@ from gpufleet.runtime.checkpoint.store import (
     TransferPolicy,
     copy_checkpoint,
     install_checkpoint,
-    join,
     list_checkpoints,
     open_url,
 )

@@ -15,6 +15,11 @@ LATEST_NAME = "latest"
 MAX_STEP = 10**STEP_DIGITS - 1
 
 
+def join(base: str, name: str) -> str:
+    """`name` inside the checkpoint root or directory `base`, for local paths and store URLs alike."""
+    return f"{base.rstrip('/')}/{name}"
+
+
 def step_dirname(step: int) -> str:
     """The directory name of a committed checkpoint: `step_000000000100`."""
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME
+from gpufleet.runtime.checkpoint.names import join
 from gpufleet.runtime.checkpoint.verify import check_complete, verify_checkpoint
 
 
@@ -59,7 +60,7 @@ def plan_retention(fs: Any, checkpoints: Sequence[tuple[int, str]], keep_last: i
         report = check_complete(fs, path)
         if report.ok:
             good[step] = path
-        elif fs.exists(f"{path.rstrip('/')}/{MANIFEST_NAME}"):
+        elif fs.exists(join(path, MANIFEST_NAME)):
             plan.damaged[step] = (path, report.problems)
         else:
             plan.incomplete[step] = path

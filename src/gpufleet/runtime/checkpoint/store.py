@@ -25,7 +25,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransferError
 from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
-from gpufleet.runtime.checkpoint.names import TMP_PREFIX, TRASH_PREFIX, parse_step
+from gpufleet.runtime.checkpoint.names import TMP_PREFIX, TRASH_PREFIX, join, parse_step
 from gpufleet.runtime.checkpoint.verify import check_complete, read_manifest, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,6 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[A
         raise CheckpointError(f"cannot open {url!r}: {error}") from error
     path = str(path)
     return fs, path.rstrip("/") or path  # "/" stays "/"; "s3://" gives "" (no bucket)
-
-
-def join(base: str, name: str) -> str:
-    return f"{base.rstrip('/')}/{name}"
 
 
 def is_local(fs: Any) -> bool:

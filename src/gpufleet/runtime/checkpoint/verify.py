@@ -7,6 +7,7 @@ from typing import Any
 
 from gpufleet.runtime.checkpoint.errors import CheckpointNameError, CorruptCheckpointError
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, Manifest, hash_stream
+from gpufleet.runtime.checkpoint.names import join
 
 
 @dataclass
@@ -22,13 +23,9 @@ class VerifyReport:
         return self.manifest is not None and not self.problems
 
 
-def _join(base: str, name: str) -> str:
-    return f"{base.rstrip('/')}/{name}"
-
-
 def read_manifest(fs: Any, path: str) -> Manifest:
     """The manifest of the checkpoint at `path`; CorruptCheckpointError if missing or damaged."""
-    target = _join(path, MANIFEST_NAME)
+    target = join(path, MANIFEST_NAME)
     try:
         with fs.open(target, "rb") as handle:
             data = handle.read()
@@ -67,7 +64,7 @@ def verify_checkpoint(fs: Any, path: str, *, checksums: bool = True) -> VerifyRe
             report.problems.append(f"{name}: size {size} bytes, manifest says {entry.size_bytes}")
             continue
         if checksums:
-            with fs.open(_join(path, name), "rb") as handle:
+            with fs.open(join(path, name), "rb") as handle:
                 actual = hash_stream(handle)
             if actual.checksum != entry.checksum:
                 report.problems.append(f"{name}: checksum mismatch (bit rot or a partial overwrite)")
