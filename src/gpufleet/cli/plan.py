@@ -317,7 +317,7 @@ def register(app: typer.Typer) -> None:
                    ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
         """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
         options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
-                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager or None)
+                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
         recipe = plan_stack_recipe(stack) if stack is not None else None
         return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
                 "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}

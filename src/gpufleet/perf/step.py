@@ -404,6 +404,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     ep_per_layer_s = 0.0
     ep_link = ""
     etp, _ = expert_parallel_degrees(layout)
+    ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes if layout.ep > 1 else 1
     if model.moe is not None and (layout.ep > 1 or etp > 1):
         # Megatron-Core's alltoall dispatcher: each rank sends the tokens it routes itself over the EP group, then
         # the etp ranks that share an expert all-gather what they received (reduce-scatter on the way back).
@@ -412,7 +413,6 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         if layout.ep > 1:
             copies = float(model.moe.top_k)
             if options.ep_dispatch == "dedup":  # DeepEP's layout: is the token bound for this node / this GPU
-                ep_nodes = group_span(layout, "ep", cluster, options.placement).nodes
                 destinations = ep_nodes if ep_nodes > 1 else layout.ep  # the network, else NVLink, is the cost
                 copies = expected_destinations(model.moe.experts, model.moe.top_k, destinations)
             dispatch_bytes = local_expert_tokens(layout, tokens_mb) * copies * model.hidden * ACTIVATION_BYTES
@@ -453,7 +453,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     if (cp_per_layer_s or ep_per_layer_s) and group_span(layout, "dp_cp", cluster, options.placement).nodes > 1:
         if cp_per_layer_s and group_span(layout, "cp", cluster, options.placement).nodes > 1:
             cp_on_nics = cp_per_layer_s
-        if ep_per_layer_s and layout.ep > 1 and group_span(layout, "ep", cluster, options.placement).nodes > 1:
+        if ep_per_layer_s and ep_nodes > 1:
             ep_on_nics = ep_per_layer_s
 
     dense_time = device_layer_time(dense_layer, False) if dense_layer else 0.0

@@ -379,9 +379,10 @@ def plan_stack_recipe(name: str) -> StackRecipe:
 
 def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,
                       overlap_ep: bool | None = None, ep_dispatch: str | None = None,
-                      selective_policy: str | None = None, eager: bool | None = None) -> StepOptions:
+                      selective_policy: str | None = None, eager: bool = False) -> StepOptions:
     """The step and memory settings of `plan`/`memory --stack` (Megatron-LM's defaults without one), then the
-    explicit flags given (None: not given) on top."""
+    explicit flags given (None: not given) on top; `eager` prices eager PyTorch's element-wise kernels (no stack
+    sets it)."""
     options = StepOptions() if stack is None else recipe_step_options(plan_stack_recipe(stack), StepOptions())
     step: dict[str, Any] = {}
     memory: dict[str, Any] = {}
@@ -394,8 +395,8 @@ def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dten
         step["ep_comm_overlap"] = overlap_ep
     if ep_dispatch is not None:
         step["ep_dispatch"] = ep_dispatch
-    if eager is not None:
-        step["fused_elementwise"] = not eager
+    if eager:
+        step["fused_elementwise"] = False
     if selective_policy is not None:
         memory["selective_policy"] = selective_policy
     return replace(options, **step, memory=replace(options.memory, **memory))

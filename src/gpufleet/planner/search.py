@@ -135,7 +135,7 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                             for sharding in options("sharding", space.shardings):
                                 for recompute in options("recompute", space.recomputes):
                                     # Megatron-Core requires sequence parallelism for MoE with tp > 1
-                                    sps = ([False] if tp == 1 else [True] if model.moe is not None else [True, False])
+                                    sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
                                     if not space.sequence_parallel:
                                         sps = [sp for sp in sps if not sp]
                                     for sp in options("sequence_parallel", sps):
