@@ -263,3 +263,47 @@ def test_a_name_like_nothing_gets_no_suggestion(catalog: Catalog) -> None:
     with pytest.raises(UnknownNameError) as caught:
         catalog.network("nosuch")
     assert caught.value.nearest == [] and "did you mean" not in str(caught.value)
+
+
+def test_check_names_a_node_whose_gpu_is_not_in_the_catalog(tmp_path: Path) -> None:
+    node = Catalog().node("dgx-h100").model_dump(exclude_none=True)
+    bad = _write(tmp_path / "node.yaml", {"nodes": [{**node, "gpu": "nope-gpu"}]})
+    with pytest.raises(CatalogError, match=r"nodes entry 'dgx-h100': gpu 'nope-gpu' names no GPU"):
+        Catalog(user_paths=(bad,)).check()
+
+
+def test_check_names_a_node_whose_network_is_not_in_the_catalog(tmp_path: Path) -> None:
+    node = Catalog().node("dgx-h100").model_dump(exclude_none=True)
+    bad = _write(tmp_path / "node.yaml", {"nodes": [{**node, "default_network": "nope-net"}]})
+    with pytest.raises(CatalogError, match="default_network 'nope-net' names no network"):
+        Catalog(user_paths=(bad,)).check()
+
+
+def test_check_validates_kinds_the_caller_never_reads(tmp_path: Path) -> None:
+    gpu = {k: v for k, v in Catalog().gpu("h100-sxm").model_dump(exclude_none=True).items() if k != "source"}
+    bad = _write(tmp_path / "gpu.yaml", {"gpus": [{**gpu, "id": "my-gpu"}]})
+    catalog = Catalog(user_paths=(bad,))
+    assert catalog.model("llama3-8b").layers == 32  # reading another kind does not look at the GPU
+    with pytest.raises(CatalogError, match="'my-gpu': source"):
+        catalog.check()
+
+
+def test_the_same_id_twice_in_one_file_is_refused(tmp_path: Path) -> None:
+    gpu = Catalog().gpu("h100-sxm").model_dump(exclude_none=True)
+    bad = _write(tmp_path / "dup.yaml", {"gpus": [gpu, gpu]})
+    with pytest.raises(CatalogError, match="'h100-sxm' appears twice"):
+        Catalog(user_paths=(bad,)).records("gpus")
+
+
+def test_check_notes_files_and_folders_that_add_nothing(tmp_path: Path) -> None:
+    empty_file = tmp_path / "empty.yaml"
+    empty_file.write_text("", encoding="utf-8")
+    empty_folder = tmp_path / "nothing-here"
+    empty_folder.mkdir()
+    notes = Catalog(user_paths=(empty_file, empty_folder)).check()
+    assert sorted(notes) == [f"catalog file {empty_file} adds nothing (empty)",
+                             f"catalog folder {empty_folder} adds nothing (no .yaml files in it)"]
+
+
+def test_the_builtin_catalog_passes_its_own_check(catalog: Catalog) -> None:
+    assert catalog.check() == []

@@ -252,11 +252,27 @@ def test_validate_says_why_a_runs_layout_is_invalid(tmp_path: object) -> None:
     path = Path(str(tmp_path)) / "bad_layout.yaml"
     path.write_text(yaml.safe_dump([run]), encoding="utf-8")
     done = gpufleet("validate", "--runs", str(path), "--json")
-    assert done.returncode == 0, done.stderr
+    # nothing could be predicted: a failed check (exit 1), the JSON still says why, and stderr says so once
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: none of the 1 runs could be predicted") and done.stderr.count("\n") == 1
     (row,) = json.loads(done.stdout)["runs"]
     gpus = run["hardware"]["num_gpus"]
     assert row["status"] == "skipped" and f"= {7 * run['layout']['tp'] * run['layout']['pp']}" in row["reason"]
     assert f"has {gpus} GPUs" in row["reason"]
+
+
+def test_validate_refuses_a_broken_catalog_like_every_other_command(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("gpus:\n  - id: x\n    name: [unclosed\n", encoding="utf-8")
+    for args in (["validate", "--catalog", str(broken)], ["validate", "--json", "--catalog", str(broken)]):
+        assert "is not valid YAML" in one_error_line(gpufleet(*args))
+    assert "is not valid YAML" in one_error_line(gpufleet("validate", env={"GPUFLEET_CATALOG": str(broken)}))
+    assert "does not exist" in one_error_line(gpufleet("validate", "--catalog", str(tmp_path / "nope.yaml")))
+
+
+def test_validate_node_that_no_run_can_use_is_refused() -> None:
+    line = one_error_line(gpufleet("validate", "--node", "ubb-mi300x"))
+    assert "--node ubb-mi300x holds mi300x, which none of the" in line and "h100-sxm" in line
 
 
 def test_validate_plot_shows_every_predicted_run(tmp_path: object) -> None:

@@ -37,6 +37,19 @@ KINDS: dict[str, type[Record]] = {
 
 R = TypeVar("R", bound=Record)
 
+#: Fields that name a record of another kind: (kind, field, kind it names). A calibration's id is a GPU id.
+REFERENCES: tuple[tuple[str, str, str], ...] = (
+    ("nodes", "gpu", "gpus"),
+    ("nodes", "default_network", "networks"),
+    ("calibrations", "id", "gpus"),
+    ("cloud_offers", "gpu", "gpus"),
+    ("purchase_prices", "node", "nodes"),
+    ("purchase_prices", "network", "networks"),
+    ("failure_stats", "gpu", "gpus"),
+    ("reliability_defaults", "failure_stats", "failure_stats"),
+)
+_SINGULAR = {"gpus": "GPU", "networks": "network", "nodes": "node", "failure_stats": "failure_stats record"}
+
 
 def describe_validation_error(error: ValidationError) -> str:
     """First pydantic error as 'field: message' — one line for the user."""
@@ -89,22 +102,34 @@ class Catalog:
     user_paths: tuple[Path, ...] = ()
     _raw: dict[str, list[tuple[Path, dict[str, Any]]]] | None = field(default=None, repr=False)
     _records: dict[str, dict[str, Record]] = field(default_factory=dict, repr=False)
+    _origins: dict[tuple[str, str], Path] = field(default_factory=dict, repr=False)
+    _empty_user_paths: list[Path] = field(default_factory=list, repr=False)
 
     def _raw_entries(self) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
         if self._raw is None:
             raw: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
-            for path in [*_builtin_files(), *_expand(self.user_paths)]:
+            user_files = _expand(self.user_paths)
+            self._empty_user_paths = [path for path in self.user_paths if path.is_dir()
+                                      and not any(f.parent == path for f in user_files)]
+            for path in [*_builtin_files(), *user_files]:
                 document = read_yaml(path)
-                if document is None:
+                if document is None or document == {}:
+                    if path in user_files:
+                        self._empty_user_paths.append(path)
                     continue
                 if not isinstance(document, dict):
                     raise CatalogError(f"catalog file {path} must be a mapping of kind -> list of records")
                 for kind, entries in document.items():
                     if not isinstance(entries, list):
                         raise CatalogError(f"catalog file {path}: '{kind}' must be a list of records")
+                    ids_here: set[object] = set()
                     for entry in entries:
                         if not isinstance(entry, dict):
                             raise CatalogError(f"catalog file {path}: every item of '{kind}' must be a mapping")
+                        if "id" in entry and entry["id"] in ids_here:
+                            raise CatalogError(f"catalog file {path}: {kind} id {entry['id']!r} appears twice "
+                                               "(one entry per id and file)")
+                        ids_here.add(entry.get("id"))
                         raw.setdefault(str(kind), []).append((path, entry))
             self._raw = raw
         return self._raw
@@ -125,11 +150,30 @@ class Catalog:
                         f"catalog file {path}: {kind} entry {label!r}: {describe_validation_error(error)}"
                     ) from error
                 built[record.id] = record
+                self._origins[(kind, record.id)] = path
             self._records[kind] = built
         unknown = set(self._raw_entries()) - set(KINDS)
         if unknown:
             raise CatalogError(f"unknown catalog kind(s) {sorted(unknown)}; known: {sorted(KINDS)}")
         return self._records[kind]
+
+    def check(self) -> list[str]:
+        """Validate every kind and every reference between records now, so that a broken user file fails
+        whichever command reads it; returns notes on user files and folders that add nothing."""
+        for kind in KINDS:
+            self.records(kind)
+        for kind, field_name, target in REFERENCES:
+            known = self.records(target)
+            for record_id, record in self.records(kind).items():
+                value = getattr(record, field_name, None)
+                if value is not None and value not in known:
+                    path = self._origins[(kind, record_id)]
+                    what = "its id" if field_name == "id" else f"{field_name} {value!r}"
+                    raise CatalogError(f"catalog file {path}: {kind} entry {record_id!r}: {what} names no "
+                                       f"{_SINGULAR[target]} in the catalog; "
+                                       f"known: {', '.join(sorted(known))}")
+        return [f"catalog {'folder' if path.is_dir() else 'file'} {path} adds nothing"
+                + (" (no .yaml files in it)" if path.is_dir() else " (empty)") for path in self._empty_user_paths]
 
     def get(self, kind: str, name: str, record_type: type[R]) -> R:
         """One record by id, or UnknownNameError with the nearest ids."""

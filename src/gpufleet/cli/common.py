@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -20,8 +21,13 @@ DEFAULT_GPU = "h100-sxm"
 
 
 def open_catalog(paths: list[Path] | None) -> Catalog:
-    """The built-in catalog plus the user's files."""
-    return load_catalog(list(paths or []))
+    """The built-in catalog plus the user's files (--catalog, $GPUFLEET_CATALOG), all of it checked now: a
+    broken override fails every command the same way, whichever kinds the command reads."""
+    catalog = load_catalog(list(paths or []))
+    if catalog.user_paths:
+        for note in catalog.check():
+            sys.stderr.write(f"warning: {note}\n")
+    return catalog
 
 
 def gpu_for(cat: Catalog, node: str | None, gpu: str | None) -> str:

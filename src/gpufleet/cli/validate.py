@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
-from gpufleet.cli.output import Output
+from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.errors import InputError
 
 
 def _pct(value: float | None) -> str:
@@ -53,7 +54,11 @@ def register(app: typer.Typer) -> None:
         cat = open_catalog(catalog)
         loaded = load_runs(runs)
         if node is not None:
-            cat.node(node)  # unknown node: one line, exit 2
+            node_gpu = cat.node(node).gpu  # unknown node: one line, exit 2
+            if not any(run.hardware.gpu == node_gpu for run in loaded):
+                used = sorted({run.hardware.gpu for run in loaded})
+                raise InputError(f"--node {node} holds {node_gpu}, which none of the {len(loaded)} runs uses "
+                                 f"(they use {', '.join(used)}); give a node with one of those GPUs")
         from gpufleet.perf.step import StepOptions
 
         options = StepOptions(dp_overlap=dp_overlap)
@@ -105,3 +110,7 @@ def register(app: typer.Typer) -> None:
                 render_ranking(console, ranking)
 
         out.emit(data, render)
+        if loaded and not any(p.predicted_tokens_per_s_per_gpu for p in predictions):
+            first = next((p for p in predictions if p.reason), predictions[0])
+            out.fail(f"none of the {len(loaded)} runs could be predicted (first: {first.id}: "
+                     f"{first.reason or 'skipped'})", EXIT_CHECK_FAILED)
