@@ -42,5 +42,10 @@ class LayoutError(GpufleetError, ValueError):
         super().__init__(message)
 
 
+class NoLegalLayoutError(InputError):
+    """The GPU count (with the batch) cannot be split into any legal layout: a count to change, not a check that
+    failed (a memory limit is InfeasibleError)."""
+
+
 class InfeasibleError(GpufleetError):
     """A request that is well-formed but cannot be satisfied (nothing fits, deadline unreachable)."""

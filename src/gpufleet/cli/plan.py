@@ -13,8 +13,8 @@ from rich.table import Table
 
 from gpufleet.catalog.records import Precision
 from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
-from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
-from gpufleet.errors import InfeasibleError, InputError
+from gpufleet.cli.output import EXIT_CHECK_FAILED, EXIT_USAGE, Output
+from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
@@ -27,6 +27,13 @@ from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_
 
 GIB = 2**30
 DAY_S = 86400.0
+
+
+#: The largest GPU count `plan` accepts (judgement: 16x the largest clusters announced by 2026, so that no real
+#: plan is refused, while a typo of three extra zeros gets one line instead of a minutes-long search).
+MAX_PLAN_GPUS = 2**20
+#: The most GPU counts one sweep plans (each is a full layout search).
+MAX_SWEEP_COUNTS = 64
 
 
 def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
@@ -198,7 +205,8 @@ def register(app: typer.Typer) -> None:
         gpu: str = typer.Option(None, "--gpu", "-g", help="GPU id (gpufleet catalog list gpus) [default: the "
                                 "--node's GPU, else h100-sxm]."),
         gpus: str = typer.Option("64", "--gpus", "-n",
-                                 help="GPU count; a list 64,128 or a range 64-1024 sweeps the scale."),
+                                 help="GPU count; a list 64,128 or a range sweeps the scale: 64-1024 doubles "
+                                 "from 64 (64, 128, … 1024; the top end always included), 64-512:64 steps by 64."),
         node: str = typer.Option(None, "--node", help="Node id; default: the catalog's node for the GPU."),
         fabric: str = typer.Option(None, "--fabric", "--network",
                                    help="Scale-out network id (ndr400, roce200, socket …); default: the node's."),
@@ -279,6 +287,12 @@ def register(app: typer.Typer) -> None:
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
         counts = parse_int_list(gpus, "--gpus")
+        if max(counts) > MAX_PLAN_GPUS:
+            raise InputError(f"--gpus {max(counts):,} is more than {MAX_PLAN_GPUS:,}, the most gpufleet plans for "
+                             "(the largest clusters built hold ~10^5 GPUs)")
+        if len(counts) > MAX_SWEEP_COUNTS:
+            raise InputError(f"--gpus {gpus!r} sweeps {len(counts):,} GPU counts; at most {MAX_SWEEP_COUNTS} "
+                             "(a range LOW-HIGH doubles from LOW; LOW-HIGH:STEP steps by STEP)")
         deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         sweep = len(counts) > 1 or deadline_s is not None
         single_only = {"--top": top, "--explain": explain, "--budget": budget, "--html": html_report}
@@ -382,8 +396,9 @@ def register(app: typer.Typer) -> None:
                 request = PlanRequest(**{**base.__dict__, "gpus": count, "top": 1})
                 try:
                     result = make_plan(request, cat)
-                except InfeasibleError as error:
-                    rows.append({"gpus": count, "fits": False, "reason": str(error)})
+                except (InfeasibleError, NoLegalLayoutError) as error:
+                    verdict = "no legal layout" if isinstance(error, NoLegalLayoutError) else "does not fit"
+                    rows.append({"gpus": count, "fits": False, "verdict": verdict, "reason": str(error)})
                 else:
                     best = result.plans[0]
                     row = {"gpus": count, "global_batch": result.job.global_batch, "fits": True,
@@ -399,8 +414,9 @@ def register(app: typer.Typer) -> None:
                 else:
                     progress.update(task, visible=True)
         if not any(row["fits"] for row in rows):
+            wrong_counts = all(row["verdict"] == "no legal layout" for row in rows)
             out.fail(f"no GPU count in the sweep has a plan; at {rows[0]['gpus']} GPUs: {rows[0]['reason']}",
-                     EXIT_CHECK_FAILED)
+                     EXIT_USAGE if wrong_counts else EXIT_CHECK_FAILED)
         data: dict[str, Any] = {"framework": framework_to_dict(base), "sweep": rows}
         if plot is not None:
             fitting = [row for row in rows if row["fits"]]
@@ -434,7 +450,7 @@ def register(app: typer.Typer) -> None:
                 table.add_column(column, justify="left" if column == "layout" else "right")
             for row in rows:
                 if not row["fits"]:
-                    table.add_row(str(row["gpus"]), "", "[red]does not fit[/red]", "", "", "", "")
+                    table.add_row(str(row["gpus"]), "", f"[red]{row['verdict']}[/red]", "", "", "", "")
                     continue
                 table.add_row(str(row["gpus"]), f"{row['global_batch']:,}", row["layout"]["label"],
                               f"{row['step_s']:.2f} s",

@@ -15,7 +15,7 @@ from gpufleet.catalog.calibration import AttentionKernel
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run import RunEconomics, run_economics
-from gpufleet.errors import GpufleetError, InfeasibleError, InputError
+from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
@@ -119,7 +119,8 @@ def build_job(request: PlanRequest, catalog: Catalog) -> Job:
 
 def make_plan(request: PlanRequest, catalog: Catalog,
               progress: Callable[[int], None] | None = None) -> PlanResult:
-    """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits."""
+    """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits in memory, and
+    NoLegalLayoutError when the GPU count cannot be split into any layout at all."""
     if request.top < 1:
         raise InputError(f"--top must be at least 1, got {request.top}")
     cluster = build_cluster(request, catalog)
@@ -130,8 +131,9 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     found = search(job, cluster, calibration, space=request.search_space, options=request.options,
                    progress=progress)
     if not found.feasible:
-        raise InfeasibleError(describe_no_fit(found, cluster) if found.tried else
-                              describe_no_legal_layout(request, catalog, job, cluster))
+        if not found.tried:
+            raise NoLegalLayoutError(describe_no_legal_layout(request, catalog, job, cluster))
+        raise InfeasibleError(describe_no_fit(found, cluster))
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
     ranked: list[Plan] = []
     economics_error: str | None = None
@@ -172,6 +174,25 @@ def describe_no_fit(found: SearchResult, cluster: Cluster) -> str:
     return f"no legal layout for this job on {cluster.gpus} GPUs ({found.tried} tried: {reasons})"
 
 
+#: How many GPU counts on each side describe_no_legal_layout tries before giving up on naming the nearest legal
+#: one (each try is a layout enumeration; bounded so that a hopeless count answers in about a second).
+NEAREST_COUNTS_TRIED = 64
+
+
+def _nearby_counts(n: int, step: int) -> tuple[list[int], list[int]]:
+    """GPU counts to try below and above n, nearest first: the NEAREST_COUNTS_TRIED multiples of `step` on each
+    side, then n rounded down and up to step·2^k (legal counts are mostly multiples of a large power of two, since
+    the batch and the head count usually are)."""
+    lows = set(range((n - 1) // step * step, 0, -step)[:NEAREST_COUNTS_TRIED])
+    highs = set(range((n // step + 1) * step, 2 * n + step, step)[:NEAREST_COUNTS_TRIED])
+    multiple = step
+    while multiple <= 2 * n:
+        lows.add((n - 1) // multiple * multiple)
+        highs.add((n // multiple + 1) * multiple)
+        multiple *= 2
+    return sorted((count for count in lows if count > 0), reverse=True), sorted(highs)
+
+
 def _has_legal_layout(request: PlanRequest, catalog: Catalog, gpus: int) -> bool:
     try:
         sized = replace(request, gpus=gpus)
@@ -187,10 +208,9 @@ def describe_no_legal_layout(request: PlanRequest, catalog: Catalog, job: Job, c
     n = cluster.gpus
     node_gpus = request_node(request, catalog).gpus
     step = node_gpus if n > node_gpus else 1  # beyond one node, suggest counts that fill whole nodes
-    below = next((count for count in range((n - 1) // step * step, 0, -step)
-                  if _has_legal_layout(request, catalog, count)), None)
-    above = next((count for count in range((n // step + 1) * step, 2 * n + step, step)
-                  if _has_legal_layout(request, catalog, count)), None)
+    lows, highs = _nearby_counts(n, step)
+    below = next((count for count in lows if _has_legal_layout(request, catalog, count)), None)
+    above = next((count for count in highs if _has_legal_layout(request, catalog, count)), None)
     nearest = " or ".join(str(count) for count in (below, above) if count is not None)
     max_tp = request.search_space.max_tp or cluster.gpus_per_node
     return (f"no legal layout for this job on {n} GPUs: no split into tp (at most {max_tp}, dividing "
