@@ -443,3 +443,20 @@ def test_a_sweep_where_nothing_fits_fails_like_a_single_count() -> None:
 def test_rank_by_cost_without_a_cost_fails_instead_of_ranking_by_time() -> None:
     done = gpufleet("plan", "-n", "131072", "--rank-by", "cost")
     assert done.returncode == 1 and "--rank-by cost needs" in done.stderr
+
+
+@pytest.mark.parametrize(("args", "reason"), [
+    (["plan", "-m", "llama3-405b", "-n", "8"], "no layout fits on 8 x h100-sxm"),
+    (["plan", "-n", "64", "--budget", "1"], "budget"),
+    (["plan", "-n", "16,64", "--deadline", "1h"], "no GPU count in the sweep meets the deadline of 1.0 h"),
+    (["reliability", "--gpus", "1024", "--params", "70B", "--restart-min", "1e300"], "cannot make progress"),
+])
+def test_a_failed_check_exits_1_with_one_stderr_line_and_json_all_the_same(args: list[str], reason: str) -> None:
+    # scripts tell "the check failed" (exit 1, a JSON document saying why) from "it crashed" (no JSON)
+    for json_flag in ([], ["--json"]):
+        done = gpufleet(*args, *json_flag)
+        assert done.returncode == 1, done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("error: ") and reason in line
+        if json_flag:
+            assert json.loads(done.stdout)["error"] == line.removeprefix("error: ")

@@ -19,7 +19,7 @@ import typer
 
 import gpufleet.cli as cli_package
 from gpufleet import __version__
-from gpufleet.cli.output import EXIT_CHECK_FAILED, EXIT_USAGE, fail
+from gpufleet.cli.output import EXIT_USAGE, Output, fail
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError
 
 _NOT_COMMANDS = {"main", "output", "common"}
@@ -95,7 +95,7 @@ def run(argv: list[str] | None = None) -> None:
     try:
         result = command.main(args=argv, prog_name="gpufleet", standalone_mode=False)
     except InfeasibleError as error:  # well-formed but impossible: a failed check, not a usage error
-        fail(str(error), EXIT_CHECK_FAILED)
+        Output(json_mode="--json" in (sys.argv[1:] if argv is None else argv)).check_failed(str(error))
     except GpufleetError as error:
         fail(str(error), EXIT_USAGE)
     except typer.Exit as error:

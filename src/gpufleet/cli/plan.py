@@ -352,17 +352,18 @@ def register(app: typer.Typer) -> None:
                      html_report: Path | None = None) -> None:
         if result.economics_error is not None:
             if result.request.rank_by == "cost":
-                out.fail(f"--rank-by cost needs the plans' cost, which cannot be computed: {result.economics_error}",
-                         EXIT_CHECK_FAILED)
+                out.check_failed(f"--rank-by cost needs the plans' cost, which cannot be computed: "
+                                 f"{result.economics_error}", result_to_dict(result))
             if budget is not None:
-                out.fail(f"--budget needs the plans' cost, which cannot be computed: {result.economics_error}",
-                         EXIT_CHECK_FAILED)
+                out.check_failed(f"--budget needs the plans' cost, which cannot be computed: "
+                                 f"{result.economics_error}", result_to_dict(result))
             out.warn(f"step times stand, but no cost, power or goodput: {result.economics_error}")
         if budget is not None:
             within = [p for p in result.plans if p.cheapest_usd is not None and p.cheapest_usd <= budget]
             if not within:
-                out.fail(f"no plan's cheapest cloud cost fits the ${budget:,.0f} budget; cheapest is "
-                         f"${min((p.cheapest_usd or float('inf')) for p in result.plans):,.0f}", EXIT_CHECK_FAILED)
+                out.check_failed(f"no plan's cheapest cloud cost fits the ${budget:,.0f} budget; cheapest is "
+                                 f"${min((p.cheapest_usd or float('inf')) for p in result.plans):,.0f}",
+                                 {**result_to_dict(result), "budget_usd": budget, "plans": []})
             result.plans = sorted(within, key=lambda p: p.wall_time_s)
         if explain is not None and not 1 <= explain <= len(result.plans):
             raise InputError(f"--explain must be between 1 and {len(result.plans)}")
@@ -414,9 +415,10 @@ def register(app: typer.Typer) -> None:
                 else:
                     progress.update(task, visible=True)
         if not any(row["fits"] for row in rows):
-            wrong_counts = all(row["verdict"] == "no legal layout" for row in rows)
-            out.fail(f"no GPU count in the sweep has a plan; at {rows[0]['gpus']} GPUs: {rows[0]['reason']}",
-                     EXIT_USAGE if wrong_counts else EXIT_CHECK_FAILED)
+            message = f"no GPU count in the sweep has a plan; at {rows[0]['gpus']} GPUs: {rows[0]['reason']}"
+            if all(row["verdict"] == "no legal layout" for row in rows):
+                out.fail(message, EXIT_USAGE)  # counts to change, as for one count
+            out.check_failed(message, {"framework": framework_to_dict(base), "sweep": rows})
         data: dict[str, Any] = {"framework": framework_to_dict(base), "sweep": rows}
         if plot is not None:
             fitting = [row for row in rows if row["fits"]]
@@ -468,9 +470,13 @@ def register(app: typer.Typer) -> None:
                 if cheap:
                     console.print(f"cheapest plan meeting it: [bold]{cheap['gpus']} GPUs[/bold] on {cheap['offer']}, "
                                   f"${cheap['usd']:,.0f}")
-                else:
-                    console.print(f"[red]no GPU count in the sweep meets {_days(deadline_s)}[/red]")
 
-        out.emit(data, render)
+        missed = None
         if deadline_s is not None and chosen is None:
-            raise typer.Exit(EXIT_CHECK_FAILED)
+            fastest = min((row for row in rows if row["fits"]), key=lambda row: row["time_to_train_s"])
+            missed = (f"no GPU count in the sweep meets the deadline of {_days(deadline_s)}; the fastest, "
+                      f"{fastest['gpus']} GPUs, takes {_days(fastest['time_to_train_s'])}")
+            data["error"] = missed
+        out.emit(data, render)
+        if missed is not None:
+            out.fail(missed, EXIT_CHECK_FAILED)
