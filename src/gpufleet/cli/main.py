@@ -87,11 +87,30 @@ def _reject_non_finite(command: Any) -> None:
     command.callback = checked
 
 
+#: What --help shows after an option that takes a value, by the type typer would print ('' for plain flags).
+_METAVARS = {"<bool>": "", "<int>": "N", "<int range>": "N", "<float>": "NUMBER", "<str>": "TEXT", "<path>": "FILE",
+             "<list[Path]>": "FILE|DIR", "<list[str]>": "TEXT"}
+
+
+def _plain_metavars(command: Any) -> None:
+    """Help that names values the way people write them (N, FILE, nothing after a flag) instead of Python types
+    (<bool>, <list[Path]>); a repeatable option says so in its help text."""
+    for sub in getattr(command, "commands", {}).values():
+        _plain_metavars(sub)
+    context = typer._click.Context(command)
+    help_option = command.get_help_option(context)
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if param.param_type_name == "option" and param.metavar is None:
+            shown = param.display_type_rich(context)
+            param.metavar = _METAVARS.get(shown, shown)
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     app = build_app()
     command = typer.main.get_command(app)
     _reject_non_finite(command)
+    _plain_metavars(command)
     try:
         result = command.main(args=argv, prog_name="gpufleet", standalone_mode=False)
     except InfeasibleError as error:  # well-formed but impossible: a failed check, not a usage error
@@ -106,7 +125,8 @@ def run(argv: list[str] | None = None) -> None:
         ctx = getattr(error, "ctx", None)
         if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
             sys.stdout.write(ctx.get_help() + "\n")
-            raise SystemExit(EXIT_USAGE) from None
+            commands = sorted(getattr(ctx.command, "commands", {}))
+            fail(f"missing command: `{ctx.command_path} COMMAND`, one of {', '.join(commands)}", EXIT_USAGE)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         fail(error.format_message() + hint, EXIT_USAGE)
     raise SystemExit(result if isinstance(result, int) else 0)
