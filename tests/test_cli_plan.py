@@ -460,3 +460,16 @@ def test_a_failed_check_exits_1_with_one_stderr_line_and_json_all_the_same(args:
         assert line.startswith("error: ") and reason in line
         if json_flag:
             assert json.loads(done.stdout)["error"] == line.removeprefix("error: ")
+
+
+def test_the_documented_run_file_example_validates(tmp_path: Path) -> None:
+    # docs/runs.md teaches the schema with one example run: it must be a file `validate --runs` predicts
+    text = (Path(__file__).parent.parent / "docs" / "runs.md").read_text(encoding="utf-8")
+    example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    path = tmp_path / "mine.yaml"
+    path.write_text(example, encoding="utf-8")
+    done = gpufleet("validate", "--runs", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["status"] == "ok" and row["target_tokens_per_s_per_gpu"] == 823.3
+    assert 512 * 8192 / 19.9 / 256 == pytest.approx(823.3, abs=0.05)  # the example's own 'how' holds

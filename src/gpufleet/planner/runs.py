@@ -1,4 +1,4 @@
-"""Published, measured training runs in gpufleet's run schema (shared/reference/RUNS.md).
+"""Published, measured training runs in gpufleet's run schema (docs/runs.md).
 
 `load_runs(path)` validates a YAML list of runs; `run_model`, `run_cluster` and `run_job` turn one
 run into the planner's own records. The shipped copies live in `gpufleet/catalog/runs/`.
@@ -71,7 +71,7 @@ class RunLayout(BaseModel):
     sharding: Sharding | None = None
     micro_batch: int | None = Field(default=None, ge=1)
     recompute: Recompute | None = None
-    #: gpufleet extension of the RUNS.md schema: Megatron-Core's --expert-tensor-parallel-size (null: the stack
+    #: gpufleet extension of the run schema (docs/runs.md): Megatron-Core's --expert-tensor-parallel-size (null: the stack
     #: recipe's, else the convention of `expert_parallel_degrees`)
     expert_tp: int | None = Field(default=None, ge=1)
 
@@ -92,7 +92,7 @@ class RunTarget(BaseModel):
 
 
 class PublishedRun(BaseModel):
-    """One measured run, exactly as RUNS.md describes it."""
+    """One measured run, exactly as docs/runs.md describes it."""
 
     model_config = _Strict
     id: str
@@ -120,7 +120,7 @@ def load_runs(path: Path | None = None) -> list[PublishedRun]:
     path = path or shipped_runs_path()
     document = read_yaml(path, "run file")
     if not isinstance(document, list):
-        raise CatalogError(f"run file {path} must be a YAML list of runs (see RUNS.md)")
+        raise CatalogError(f"run file {path} must be a YAML list of runs (schema: docs/runs.md)")
     runs: list[PublishedRun] = []
     seen: set[str] = set()
     for index, entry in enumerate(document):

@@ -1,4 +1,4 @@
-"""Predict published runs with their own layouts and score the error (RUNS.md's scoring)."""
+"""Predict published runs with their own layouts and score the error (docs/runs.md, Scoring)."""
 
 from __future__ import annotations
 
