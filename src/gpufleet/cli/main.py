@@ -66,11 +66,12 @@ def _flag_name(command: Any, name: str) -> str:
     return name
 
 
-def _reject_non_finite(command: Any) -> None:
-    """Every number option of every command must be finite: `nan` and `inf` parse as floats but mean nothing
-    as a budget, a size or a rate, so they are refused before any command body runs."""
-    for sub in getattr(command, "commands", {}).values():
-        _reject_non_finite(sub)
+def _reject_meaningless_values(command: Any, path: str = "gpufleet") -> None:
+    """Every number option of every command must be finite (`nan` and `inf` parse as floats but mean nothing as a
+    budget, a size or a rate), and no text option or argument may be empty (`--gpu ""` would otherwise quietly
+    mean the default): both are refused before any command body runs."""
+    for name, sub in getattr(command, "commands", {}).items():
+        _reject_meaningless_values(sub, f"{path} {name}")
     callback: Callable[..., Any] | None = getattr(command, "callback", None)
     if callback is None:
         return
@@ -82,6 +83,9 @@ def _reject_non_finite(command: Any) -> None:
             for item in values:
                 if isinstance(item, float) and not math.isfinite(item):
                     raise InputError(f"{_flag_name(command, name)} must be a finite number, got {item}")
+                if isinstance(item, str) and not item.strip():
+                    raise InputError(f"{_flag_name(command, name)} must not be empty (see `{path} --help` "
+                                     "for what it takes)")
         return callback(*args, **kwargs)
 
     command.callback = checked
@@ -109,7 +113,7 @@ def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     app = build_app()
     command = typer.main.get_command(app)
-    _reject_non_finite(command)
+    _reject_meaningless_values(command)
     _plain_metavars(command)
     try:
         result = command.main(args=argv, prog_name="gpufleet", standalone_mode=False)
