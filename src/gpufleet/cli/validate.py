@@ -21,8 +21,8 @@ def _pct(value: float | None) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
-        runs: Path = typer.Option(None, "--runs", help="A run file (YAML list of runs; schema in docs/runs.md); default: the shipped "
-                                  "published runs."),
+        runs: Path = typer.Option(None, "--runs", help="A run file (YAML list of runs; schema in "
+                                  "docs/runs.md); default: the shipped published runs."),
         rank: bool = typer.Option(False, "--rank", help="Also score how well the planner ranks layouts within "
                                   "groups of runs of the same model, GPU and GPU count."),
         node: str = typer.Option(None, "--node", help="Run on this catalog node instead of the GPU's default "

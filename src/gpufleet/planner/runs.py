@@ -71,8 +71,8 @@ class RunLayout(BaseModel):
     sharding: Sharding | None = None
     micro_batch: int | None = Field(default=None, ge=1)
     recompute: Recompute | None = None
-    #: gpufleet extension of the run schema (docs/runs.md): Megatron-Core's --expert-tensor-parallel-size (null: the stack
-    #: recipe's, else the convention of `expert_parallel_degrees`)
+    #: gpufleet extension of the run schema (docs/runs.md): Megatron-Core's --expert-tensor-parallel-size (null: the
+    #: stack recipe's, else the convention of `expert_parallel_degrees`)
     expert_tp: int | None = Field(default=None, ge=1)
 
 
