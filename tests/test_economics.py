@@ -83,8 +83,19 @@ def test_node_power_interpolates_with_mfu(catalog: Catalog) -> None:
 
 
 def test_facility_rejects_node_bigger_than_rack(catalog: Catalog) -> None:
-    with pytest.raises(InputError, match="raise --rack-kw"):
+    with pytest.raises(InputError, match="raise the rack's power"):
         estimate_facility(catalog.node("dgx-h100"), 8, facility_defaults(catalog, rack_kw=8))
+
+
+def test_a_rack_scale_node_is_its_own_rack(catalog: Catalog) -> None:
+    # GB200 NVL72 ships as one 120 kW liquid-cooled rack: the DGX GB200 SuperPOD RA's scalable unit is 8 racks =
+    # 8 NVL72 = 576 GPUs. It is not packed into the facility's 40 kW / 36U racks (which would refuse it).
+    node, defaults = catalog.node("gb200-nvl72"), facility_defaults(catalog)
+    assert node.rack_scale and node.max_power_w > defaults.rack_w and node.rack_units > defaults.rack_units_usable
+    est = estimate_facility(node, 576, defaults, catalog.network("ndr400"))
+    assert (est.nodes, est.racks, est.nodes_per_rack) == (8, 8, 1)
+    assert est.rack_w == 120_000 and est.cooling == "direct-liquid"
+    assert est.nodes_w_max == 8 * 120_000
 
 
 def test_override_is_validated(catalog: Catalog) -> None:

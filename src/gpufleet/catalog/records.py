@@ -102,6 +102,10 @@ class NodeSpec(Record):
     max_power_w: float = Field(gt=0)
     typical_power_w: float | None = Field(default=None, gt=0)
     rack_units: int = Field(ge=1)
+    rack_scale: bool = Field(
+        default=False, description="the node is a whole rack with its own power shelves and cooling (GB200 NVL72): "
+        "one rack per node, not packed into the facility's standard racks"
+    )
     scale_up_override: ScaleUp | None = Field(
         default=None, description="this node's GPU-to-GPU links when they differ from the GPU's own (e.g. PCIe)"
     )

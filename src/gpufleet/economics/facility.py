@@ -86,13 +86,15 @@ def estimate_facility(
     mfu: float | None = None,
 ) -> FacilityEstimate:
     nodes = nodes_for(gpus, node)
-    if node.max_power_w > defaults.rack_w:
+    if not node.rack_scale and node.max_power_w > defaults.rack_w:
         raise InputError(
             f"one {node.id} node draws up to {node.max_power_w / 1e3:g} kW, more than a "
-            f"{defaults.rack_kw:g} kW rack; raise --rack-kw"
+            f"{defaults.rack_kw:g} kW rack; raise the rack's power (`facility --rack-kw`, or facility_defaults "
+            "rack_kw in a --catalog file)"
         )
-    if node.rack_units > defaults.rack_units_usable:
-        raise InputError(f"a {node.id} node ({node.rack_units}U) does not fit {defaults.rack_units_usable}U")
+    if not node.rack_scale and node.rack_units > defaults.rack_units_usable:
+        raise InputError(f"a {node.id} node ({node.rack_units}U) does not fit the {defaults.rack_units_usable}U a "
+                         "rack leaves for nodes (set facility_defaults rack_units_usable in a --catalog file)")
     fabric = scale_out_fabric(node, nodes, network)
     switch_w = defaults.switch_power_w
     if network is not None and network.switch_power_w is not None:
@@ -102,8 +104,8 @@ def estimate_facility(
     node_typical = node_power_w(node, defaults, mfu)
     it_max = nodes * node.max_power_w + fabric_w + storage_w
     it_typical = nodes * node_typical + fabric_w + storage_w
-    by_power = int(defaults.rack_w // node.max_power_w)
-    by_units = defaults.rack_units_usable // node.rack_units
+    by_power = 1 if node.rack_scale else int(defaults.rack_w // node.max_power_w)
+    by_units = 1 if node.rack_scale else defaults.rack_units_usable // node.rack_units
     per_rack = min(by_power, by_units)
     racks = math.ceil(nodes / per_rack)
     rack_w = min(per_rack, nodes) * node.max_power_w
