@@ -174,6 +174,26 @@ def test_an_empty_value_is_refused_instead_of_meaning_the_default(args: list[str
     assert expected in one_error_line(gpufleet(*args))
 
 
+@pytest.mark.parametrize(("args", "expected"), [
+    (["plan", "--seq", "4k"], "Invalid value for '--seq': not a whole number"),
+    (["plan", "--budget", "abc"], "Invalid value for '--budget': not a number"),
+    (["plan", "--seq", "0"], "--seq must be a positive number of tokens, got 0"),
+    (["plan", "--global-batch", "-3"], "--global-batch must be a positive number of sequences, got -3"),
+    (["plan", "-n", "64,128", "--plot", "/proc/x.png"], "cannot write plot /proc/x.png: No such file or directory"),
+])
+def test_errors_read_as_sentences_not_library_messages(args: list[str], expected: str) -> None:
+    line = one_error_line(gpufleet(*args))
+    assert expected in line and "Errno" not in line and "Input should be" not in line
+
+
+def test_a_sweep_warns_once_where_cost_cannot_be_computed() -> None:
+    done = gpufleet("plan", "-n", "65536,131072", "--json")
+    assert done.returncode == 0, done.stderr
+    (warning,) = done.stderr.splitlines()
+    assert warning.startswith("warning: step times stand, but no cost, power or goodput at 131072 GPUs")
+    assert "131072 network ports" in warning and "65536" in warning
+
+
 def test_validate_json_shape() -> None:
     done = gpufleet("validate", "--json")
     assert done.returncode == 0, done.stderr

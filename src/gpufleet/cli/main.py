@@ -109,6 +109,13 @@ def _plain_metavars(command: Any) -> None:
             param.metavar = _METAVARS.get(shown, shown)
 
 
+#: The parser's (pydantic's) wording for a value of the wrong type, and what a user reads instead.
+_PLAIN_PARSE_ERRORS = {
+    "Input should be a valid integer, unable to parse string as an integer": "not a whole number",
+    "Input should be a valid number, unable to parse string as a number": "not a number",
+}
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     app = build_app()
@@ -132,7 +139,10 @@ def run(argv: list[str] | None = None) -> None:
             commands = sorted(getattr(ctx.command, "commands", {}))
             fail(f"missing command: `{ctx.command_path} COMMAND`, one of {', '.join(commands)}", EXIT_USAGE)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        fail(error.format_message() + hint, EXIT_USAGE)
+        message = error.format_message()
+        for library_words, plain in _PLAIN_PARSE_ERRORS.items():
+            message = message.replace(library_words, plain)
+        fail(message + hint, EXIT_USAGE)
     raise SystemExit(result if isinstance(result, int) else 0)
 
 

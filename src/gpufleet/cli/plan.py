@@ -219,7 +219,8 @@ def register(app: typer.Typer) -> None:
         precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp8 (fp8 GEMMs)."),
         top: int = typer.Option(None, "--top", help="How many plans to show [default: 5; a sweep shows the best "
                                 "plan per GPU count]."),
-        explain: int = typer.Option(None, "--explain", help="Break plan RANK down part by part."),
+        explain: int = typer.Option(None, "--explain", help="Break plan RANK down part by part (--json always "
+                                    "carries every shown plan's parts)."),
         rank_by: str = typer.Option("time", "--rank-by", help="time (time-to-train) or cost (cheapest cloud)."),
         deadline: str = typer.Option(None, "--deadline",
                                      help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
@@ -275,8 +276,10 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--rank-by must be time or cost, got {rank_by!r}")
         if precision not in TRAINING_PRECISIONS:
             raise InputError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {precision!r}")
-        if seq < 1 or (global_batch is not None and global_batch < 1):
-            raise InputError("--seq and --global-batch must be positive")
+        if seq < 1:
+            raise InputError(f"--seq must be a positive number of tokens, got {seq}")
+        if global_batch is not None and global_batch < 1:
+            raise InputError(f"--global-batch must be a positive number of sequences, got {global_batch}")
         if fabric_model not in ("analytical", "sim"):
             raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
         if ep_dispatch is not None and ep_dispatch not in ("all-to-all", "dedup"):
@@ -414,6 +417,11 @@ def register(app: typer.Typer) -> None:
                     progress.update(task, visible=False)
                 else:
                     progress.update(task, visible=True)
+        unavailable = [row for row in rows if row.get("economics_unavailable")]
+        if unavailable:
+            out.warn(f"step times stand, but no cost, power or goodput at "
+                     f"{', '.join(str(row['gpus']) for row in unavailable)} GPUs: "
+                     f"{unavailable[0]['economics_unavailable']}")
         if not any(row["fits"] for row in rows):
             message = f"no GPU count in the sweep has a plan; at {rows[0]['gpus']} GPUs: {rows[0]['reason']}"
             if all(row["verdict"] == "no legal layout" for row in rows):

@@ -45,6 +45,7 @@ def fat_tree_bom(endpoints: int, radix: int) -> FabricBom:
     if endpoints <= radix**3 // 4:
         return FabricBom(endpoints, radix, 3, leaves, leaves, math.ceil(endpoints / radix), 3 * endpoints)
     raise InputError(
-        f"{endpoints} endpoints exceed a three-tier fat tree of radix {radix} (max {radix**3 // 4}); "
+        f"{endpoints} network ports (one per compute NIC) exceed a three-tier fat tree of radix {radix} "
+        f"(max {radix**3 // 4}); "
         "use higher-radix switches or split the job across fabrics"
     )

@@ -48,7 +48,7 @@ def _save(plt: Any, figure: Any, path: Path) -> None:
     try:
         figure.savefig(path, bbox_inches="tight")
     except (OSError, ValueError) as error:
-        raise InputError(f"cannot write plot {path}: {error}") from error
+        raise InputError(f"cannot write plot {path}: {getattr(error, 'strerror', None) or error}") from error
     finally:
         plt.close(figure)
 
