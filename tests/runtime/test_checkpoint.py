@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -305,3 +306,70 @@ def test_tensors_are_read_in_place_and_other_layouts_through_a_buffer(tmp_path: 
     assert torch.equal(strided["model"]["w"], expected_state(1)["model"]["w"])
     assert torch.equal(strided["optim"]["m"], expected_state(1)["optim"]["m"].float())
     assert {"model.w", "optim.m"} <= set(buffered)
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    """Every file at or under `path` with its bytes."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _set_aside(root: Path, step: int) -> list[Path]:
+    return [p for p in root.iterdir() if p.name.startswith(f"{step_dirname(step)}.set-aside-")]
+
+
+def _damaged_manifest_and_a_note(step_dir: Path) -> None:
+    flip_bit(step_dir / "manifest.json", 60)
+    (step_dir / "notes.txt").write_text("precious\n")
+
+
+def _a_file_instead(step_dir: Path) -> None:
+    shutil.rmtree(step_dir)
+    step_dir.write_text("hi\n")
+
+
+IN_THE_WAY = {"a damaged copy with a note in it": _damaged_manifest_and_a_note, "a file": _a_file_instead}
+
+
+@pytest.mark.parametrize("what", sorted(IN_THE_WAY))
+def test_restore_from_the_store_moves_what_is_in_the_way_aside_and_deletes_nothing(
+        tmp_path: Path, what: str, caplog: pytest.LogCaptureFixture) -> None:
+    local, store = tmp_path / "local", f"file://{tmp_path / 'store'}"
+    manager = CheckpointManager(local, upload_to=store)
+    for step in (1, 2):
+        manager.save(expected_state(step), step, blocking=True)
+    manager.wait_uploads(60)
+    manager.close()
+    shutil.rmtree(local / step_dirname(1))
+    IN_THE_WAY[what](local / step_dirname(2))  # no local checkpoint loads: step 2 comes back from the store
+    before = _snapshot(local / step_dirname(2))
+    fresh = CheckpointManager(local, upload_to=store)
+    found = fresh.load_latest()
+    fresh.close()
+    assert found is not None and found[0] == 2 and same_state(found[1], expected_state(2))
+    assert verify_checkpoint(_local_fs(), str(local / step_dirname(2))).ok
+    aside = _set_aside(local, 2)
+    assert len(aside) == 1 and _snapshot(aside[0]) == before  # kept whole, under a name a person sees
+    assert str(aside[0]) in caplog.text  # ...and the log says where
+    assert not [p.name for p in local.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("what", ["a folder of someone's files", "a file"])
+def test_a_save_moves_what_is_not_a_checkpoint_aside_and_replaces_an_earlier_save(
+        tmp_path: Path, what: str, caplog: pytest.LogCaptureFixture) -> None:
+    in_the_way = tmp_path / step_dirname(5)
+    if what == "a file":
+        in_the_way.write_text("hi\n")
+    else:
+        in_the_way.mkdir()
+        (in_the_way / "notes.txt").write_text("precious\n")
+    before = _snapshot(in_the_way)
+    manager = CheckpointManager(tmp_path)
+    manager.save(expected_state(5), 5, blocking=True)
+    aside = _set_aside(tmp_path, 5)
+    assert len(aside) == 1 and _snapshot(aside[0]) == before and str(aside[0]) in caplog.text
+    manager.save(expected_state(6), 5, blocking=True)  # an earlier save of this very step is simply replaced
+    assert len(_set_aside(tmp_path, 5)) == 1
+    assert same_state(manager.load(5), expected_state(6))
+    manager.close()

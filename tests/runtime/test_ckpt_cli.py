@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -219,6 +220,119 @@ def test_a_download_killed_midway_leaves_the_destination_as_it_was(tmp_path: Pat
     assert not [p.name for p in dest.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
 
 
+# -- a destination step that is not this checkpoint is never touched ----------------------------------
+
+
+def _notes_folder(step_dir: Path, source: Path, other: Path) -> None:
+    step_dir.mkdir(parents=True)
+    (step_dir / "notes.txt").write_text("precious\n")
+
+
+def _other_checkpoint_without_its_manifest(step_dir: Path, source: Path, other: Path) -> None:
+    shutil.copytree(ckpt_dir(other, 100), step_dir)
+    (step_dir / "manifest.json").unlink()
+
+
+def _a_file_named_like_the_step(step_dir: Path, source: Path, other: Path) -> None:
+    step_dir.parent.mkdir(parents=True)
+    step_dir.write_text("hi\n")
+
+
+def _this_checkpoint_with_a_file_added(step_dir: Path, source: Path, other: Path) -> None:
+    shutil.copytree(ckpt_dir(source, 100), step_dir)
+    (step_dir / "notes.txt").write_text("precious\n")
+
+
+NOT_OURS = {
+    "a folder of someone's files": _notes_folder,
+    "another checkpoint whose manifest was removed": _other_checkpoint_without_its_manifest,
+    "a file named like the step": _a_file_named_like_the_step,
+    "this checkpoint with a file added": _this_checkpoint_with_a_file_added,
+}
+
+
+@pytest.mark.parametrize("command", ["download", "upload"])
+@pytest.mark.parametrize("what", sorted(NOT_OURS))
+def test_a_destination_step_that_is_not_this_checkpoint_is_refused_and_left_untouched(
+        tmp_path: Path, what: str, command: str) -> None:
+    source, other, dest = tmp_path / "source", tmp_path / "other", tmp_path / "dest"
+    saved(source, [100, 200])
+    saved(other, [100], state=expected_state(99))  # step 100 again, different bytes
+    NOT_OURS[what](ckpt_dir(dest, 100), source, other)
+    before = snapshot(dest)
+    src = f"file://{source}" if command == "download" else str(source)
+    proc = cli(command, src, str(dest), "--json")
+    line = one_line(proc, code=1)
+    assert "step 100" in line and "not overwritten" in line, line
+    result = json.loads(proc.stdout)
+    assert [item["step"] for item in result["not_copied"]] == [100]
+    assert str(ckpt_dir(dest, 100)) in result["not_copied"][0]["reason"]
+    assert [item["step"] for item in result["copied"]] == [200]  # the good step after it still goes across
+    assert {k: v for k, v in snapshot(dest).items() if not k.startswith(step_dirname(200))} == before
+    assert not [p.name for p in dest.iterdir() if p.name.startswith(".")]  # nothing moved to a hidden name
+    assert verify_checkpoint(_local_fs(), str(ckpt_dir(dest, 200))).ok
+
+
+def test_a_copy_cut_off_earlier_is_completed_from_the_same_checkpoint(tmp_path: Path) -> None:
+    # every file there is one of this checkpoint's, byte for byte: replacing it loses nothing
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    saved(source, [100])
+    cut_off = ckpt_dir(dest, 100)
+    cut_off.mkdir(parents=True)
+    shutil.copy2(ckpt_dir(source, 100) / ".metadata", cut_off / ".metadata")
+    proc = cli("download", str(source), str(dest))
+    assert proc.returncode == 0 and "downloaded step 100" in proc.stdout, proc.stdout + proc.stderr
+    assert verify_checkpoint(_local_fs(), str(cut_off)).ok
+    assert not [p.name for p in dest.iterdir() if p.name.startswith(".")]
+
+
+# -- a file named like a step is not a checkpoint: shown, reported, never read or deleted --------------
+
+
+def test_a_file_named_like_a_step_is_reported_and_never_deleted(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    saved(root, [1, 2, 3])
+    stray = ckpt_dir(root, 400)
+    stray.write_text("hi\n")
+    report = verify_checkpoint(_local_fs(), str(stray))  # the library says so too, instead of raising OSError
+    assert not report.ok and "not a checkpoint folder" in report.problems[0]
+    listed = cli("list", str(root), "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["checkpoints"]
+    assert [(row["step"], row["complete"]) for row in rows] == [(1, True), (2, True), (3, True), (400, False)]
+    assert "not a checkpoint folder" in rows[-1]["problems"][0]
+    table = cli("list", str(root))
+    assert table.returncode == 0 and "not a checkpoint folder" in table.stdout, table.stdout + table.stderr
+    verified = cli("verify", str(root), "--json")
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    results = json.loads(verified.stdout)["checkpoints"]
+    assert [(r["step"], r["ok"]) for r in results] == [(1, True), (2, True), (3, True), (400, False)]
+    assert "not a checkpoint folder" in results[-1]["problems"][0]
+    dry = cli("prune", str(root), "--keep-last", "1", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete step 1" in dry.stdout and "not a checkpoint folder" in dry.stdout
+    pruned = cli("prune", str(root), "--keep-last", "1", "--incomplete", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["deleted"] == [str(ckpt_dir(root, 1)), str(ckpt_dir(root, 2))]
+    assert stray.read_text() == "hi\n"
+    assert sorted(p.name for p in root.iterdir() if p.name != "latest") == [step_dirname(3), step_dirname(400)]
+    copied = cli("upload", str(root), str(tmp_path / "dest"), "--json")
+    assert copied.returncode == 0, copied.stderr
+    assert [item["step"] for item in json.loads(copied.stdout)["copied"]] == [3]
+
+
+def test_copying_a_root_onto_itself_is_refused(tmp_path: Path) -> None:
+    root, link = tmp_path / "root", tmp_path / "link"
+    saved(root, [1])
+    link.symlink_to(root)
+    before = snapshot(root)
+    for args in (["upload", str(root), str(root)], ["download", f"file://{root}", f"{root}/"],
+                 ["upload", str(link), str(root)]):
+        line = one_line(cli(*args))
+        assert "same place" in line, (args, line)
+    assert snapshot(root) == before
+
+
 # -- one line, exit 2 ----------------------------------------------------------------------------------
 
 
@@ -259,7 +373,7 @@ def test_verify_and_list_refuse_paths_that_hold_no_checkpoints(tmp_path: Path) -
     assert "is a file" in one_line(cli("verify", str(a_file)))
     assert "is a file" in one_line(cli("list", str(a_file)))
     assert "does not exist" in one_line(cli("verify", str(tmp_path / "typo")))
-    assert "required" in one_line(cli("verify", ""))
+    assert "empty" in one_line(cli("verify", ""))  # refused by the CLI before the command runs
     assert "no checkpoints found" in one_line(cli("verify", str(tmp_path / "empty")), code=1)
     assert "no complete checkpoints found" in one_line(cli("upload", str(tmp_path / "empty"), str(tmp_path / "d")),
                                                        code=1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -11,6 +11,9 @@ from rich.table import Table
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output, fail
 from gpufleet.errors import InputError
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint.store import CheckpointInfo
 
 WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a URL (s3://bucket/prefix, file://…).")
 StepOption = typer.Option(None, "--step", help="Only this step (default: every checkpoint).")
@@ -61,6 +64,33 @@ def _destination(where: str) -> tuple[Any, str]:
     return fs, root
 
 
+def _same_place(src_fs: Any, src_root: str, dst_fs: Any, dst_root: str) -> bool:
+    """Whether two roots are one place: the same folder on this disk (links resolved), or the same store URL."""
+    import os
+
+    from gpufleet.runtime.checkpoint.store import is_local
+
+    if is_local(src_fs) != is_local(dst_fs):
+        return False
+    if is_local(src_fs):
+        return os.path.realpath(src_root) == os.path.realpath(dst_root)
+    return bool(src_fs.unstrip_protocol(src_root) == dst_fs.unstrip_protocol(dst_root))
+
+
+def _listed(fs: Any, info: CheckpointInfo) -> dict[str, Any]:
+    """One `ckpt list` row: a checkpoint checked complete, or a file named like one (never read)."""
+    from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER, check_complete
+
+    if not info.is_folder:
+        return {"step": info.step, "path": info.path, "complete": False, "size_bytes": None, "world_size": None,
+                "problems": [NOT_A_FOLDER]}
+    report = check_complete(fs, info.path)
+    manifest = report.manifest
+    return {"step": info.step, "path": info.path, "complete": report.ok,
+            "size_bytes": manifest.total_bytes if manifest else None,
+            "world_size": manifest.world_size if manifest else None, "problems": report.problems}
+
+
 def _check_step(step: int | None) -> None:
     from gpufleet.runtime.checkpoint.names import MAX_STEP
 
@@ -87,23 +117,19 @@ def register(app: typer.Typer) -> None:
     def list_(where: str = WhereArgument, json: bool = JsonOption) -> None:
         """List checkpoints: step, complete (manifest intact, every file it names present at its size), size, ranks.
 
-        No checksums are read: `gpufleet ckpt verify` reads every byte.
+        No checksums are read: `gpufleet ckpt verify` reads every byte. A file named like a checkpoint is listed as
+        not complete, with a note that it is not a checkpoint folder.
 
         Example: `gpufleet ckpt list /checkpoints/run7` (or `s3://bucket/run7`)
         """
         from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
-        from gpufleet.runtime.checkpoint.verify import check_complete
+        from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
 
-        rows: list[dict[str, Any]] = []
         with store_errors(where):
             fs, root = _open(where)
-            for info in list_checkpoints(fs, root):
-                report = check_complete(fs, info.path)
-                manifest = report.manifest
-                rows.append({"step": info.step, "path": info.path, "complete": report.ok,
-                             "size_bytes": manifest.total_bytes if manifest else None,
-                             "world_size": manifest.world_size if manifest else None,
-                             "problems": report.problems})
+            infos = list_checkpoints(fs, root)
+            rows = [_listed(fs, info) for info in infos]
+        not_folders = [info for info in infos if not info.is_folder]
 
         def render(console: Console) -> None:
             table = Table(title=f"checkpoints in {where}", title_justify="left")
@@ -113,6 +139,8 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(row["step"]), "yes" if row["complete"] else "NO", _human_bytes(row["size_bytes"]),
                               str(row["world_size"] or "-"), row["path"])
             console.print(table)
+            for info in not_folders:
+                console.print(f"step {info.step}: {info.path} is {NOT_A_FOLDER} (left alone)", soft_wrap=True)
 
         Output(json).emit({"root": where, "checkpoints": rows}, render)
 
@@ -120,14 +148,15 @@ def register(app: typer.Typer) -> None:
     def verify(where: str = WhereArgument, step: int = StepOption, json: bool = JsonOption) -> None:
         """Check every file of every checkpoint against its manifest; exit 1 naming each bad file.
 
-        A folder with no checkpoints in it also exits 1; a path that does not exist or is a file exits 2.
+        A folder with no checkpoints in it also exits 1, as does a file named like a checkpoint (it is not one);
+        a path that does not exist or is a file exits 2.
 
         Example: `gpufleet ckpt verify /checkpoints/run7 --step 1200`
         """
         from gpufleet.runtime.checkpoint.errors import CheckpointError
         from gpufleet.runtime.checkpoint.names import join
         from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
-        from gpufleet.runtime.checkpoint.verify import verify_checkpoint
+        from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER, verify_checkpoint
 
         _check_step(step)
         out = Output(json)
@@ -143,6 +172,10 @@ def register(app: typer.Typer) -> None:
                 out.emit({"root": where, "checkpoints": [], "ok": False}, lambda console: None)
                 fail(f"no checkpoints found in {where} (no step_… folders): nothing verified", EXIT_CHECK_FAILED)
             for info in infos:
+                if not info.is_folder:
+                    results.append({"step": info.step, "path": info.path, "ok": False,
+                                    "problems": [f"{info.path}: {NOT_A_FOLDER}"]})
+                    continue
                 report = verify_checkpoint(fs, info.path)
                 results.append({"step": info.step, "path": info.path, "ok": report.ok,
                                 "problems": [f"{join(info.path, p)}" for p in report.problems]})
@@ -177,7 +210,8 @@ def register(app: typer.Typer) -> None:
         Only complete checkpoints (as `list` shows them) count towards --keep-last, so a damaged newer one
         never costs an older good one. Damaged checkpoints (manifest present, but it or a file is bad) are
         never deleted: they are left in place and reported, for `gpufleet ckpt verify` and a person to judge.
-        Checkpoints without a manifest are deleted only with --incomplete.
+        Checkpoints without a manifest are deleted only with --incomplete. A file named like a checkpoint is not
+        one: it is reported and never deleted.
 
         Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
         """
@@ -186,6 +220,7 @@ def register(app: typer.Typer) -> None:
         from gpufleet.runtime.checkpoint.fsutil import remove_tree
         from gpufleet.runtime.checkpoint.retention import plan_retention
         from gpufleet.runtime.checkpoint.store import delete_checkpoint, is_local, list_checkpoints, store_errors
+        from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
 
         if keep_last < 1:
             raise InputError(f"--keep-last must be at least 1 (the newest complete checkpoint is never deleted), "
@@ -195,7 +230,8 @@ def register(app: typer.Typer) -> None:
                              f"got {keep_every}")
         with store_errors(where):
             fs, root = _open(where)
-            checkpoints = [(info.step, info.path) for info in list_checkpoints(fs, root)]
+            infos = list_checkpoints(fs, root)
+            checkpoints = [(info.step, info.path) for info in infos if info.is_folder]
             plan = plan_retention(fs, checkpoints, keep_last, keep_every, checksums=checksums)
             doomed = dict(plan.delete)
             if incomplete:
@@ -209,8 +245,9 @@ def register(app: typer.Typer) -> None:
                         delete_checkpoint(fs, path)
         damaged: list[dict[str, Any]] = [{"step": step, "path": path, "problems": problems}
                    for step, (path, problems) in plan.damaged.items()]
+        not_folders = [{"step": info.step, "path": info.path} for info in infos if not info.is_folder]
         data = {"root": where, "dry_run": dry_run, "deleted": list(doomed.values()), "kept": list(plan.keep.values()),
-                "damaged": damaged}
+                "damaged": damaged, "not_folders": not_folders}
 
         def render(console: Console) -> None:
             verb = "would delete" if dry_run else "deleted"
@@ -218,6 +255,9 @@ def register(app: typer.Typer) -> None:
                 console.print(f"{verb} step {step}  {path}")
             for item in damaged:
                 console.print(f"left damaged step {item['step']}  {item['path']}: {'; '.join(item['problems'])}",
+                              soft_wrap=True)
+            for item in not_folders:
+                console.print(f"left step {item['step']}  {item['path']}: {NOT_A_FOLDER}, never deleted",
                               soft_wrap=True)
             summary = f"{verb} {len(doomed)} checkpoint(s), kept {len(plan.keep)} complete"
             if damaged:
@@ -240,6 +280,11 @@ def register(app: typer.Typer) -> None:
         policy = TransferPolicy(max_bytes_per_s=None if max_mib_per_s is None else max_mib_per_s * 2**20)
         with store_errors(src):
             src_fs, src_root = _open(src)
+        with store_errors(dst):
+            if _same_place(src_fs, src_root, *_open_url(dst)):
+                raise InputError(f"source and destination are the same place ({src} and {dst}): give another "
+                                 f"destination root")
+        with store_errors(src):
             infos = [i for i in list_checkpoints(src_fs, src_root)
                      if i.has_manifest and (step is None or i.step == step)]
         if step is not None and not infos:
@@ -250,7 +295,7 @@ def register(app: typer.Typer) -> None:
         with store_errors(dst):
             dst_fs, dst_root = _destination(dst)
         copied: list[dict[str, Any]] = []
-        not_copied: list[dict[str, Any]] = []  # a damaged source, or a different checkpoint at the destination
+        not_copied: list[dict[str, Any]] = []  # a damaged source, or a destination step refused
         for info in infos:  # each step on its own: one bad step never stops the good ones after it
             target = join(dst_root, info.path.rstrip("/").rsplit("/", 1)[-1])
             with store_errors(f"{src} -> {dst}"):
@@ -293,9 +338,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Upload verified complete checkpoints; each manifest goes last.
 
-        A step the destination already holds is skipped when identical (every byte checked), repaired when its
-        files are damaged, and refused when it is a different checkpoint: nothing else is ever overwritten. A
-        damaged or refused step does not stop the others; the command then exits 1 naming it.
+        A step the destination already holds is skipped when identical (every byte checked), repaired when it is
+        this checkpoint with files missing or damaged (or a copy of it cut off earlier), and otherwise refused and
+        left untouched (a different checkpoint or an unreadable one, a folder holding anything this checkpoint does
+        not, a file): nothing else is ever overwritten. A damaged or refused step does not stop the others; the
+        command then exits 1 naming it. Source and destination must be different places.
 
         Example: `gpufleet ckpt upload /checkpoints/run7 s3://bucket/run7 --max-mib-per-s 500`
         """
@@ -311,9 +358,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Download complete checkpoints, verified first, into a hidden folder renamed into place when whole.
 
-        A step the destination already holds is skipped when identical (every byte checked), repaired when its
-        files are damaged, and refused when it is a different checkpoint; an interrupted download leaves the
-        destination as it was. A damaged or refused step does not stop the others; the command then exits 1.
+        A step the destination already holds is skipped when identical (every byte checked), repaired when it is
+        this checkpoint with files missing or damaged (or a copy of it cut off earlier), and otherwise refused and
+        left untouched (a different checkpoint or an unreadable one, a folder holding anything this checkpoint does
+        not, a file); an interrupted download leaves the destination as it was. A damaged or refused step does not
+        stop the others; the command then exits 1. Source and destination must be different places.
 
         Example: `gpufleet ckpt download s3://bucket/run7 /checkpoints/run7 --step 1200`
         """

@@ -1,4 +1,4 @@
-"""Durable file-system steps: fsync a file or a directory, atomic replace, delete by rename first."""
+"""Durable file-system steps: fsync a file or a directory, atomic replace, delete by rename first, move aside."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from gpufleet.runtime.checkpoint.names import TRASH_PREFIX
+from gpufleet.runtime.checkpoint.names import SET_ASIDE_MARK, TRASH_PREFIX
 
 
 def fsync_file(path: Path) -> None:
@@ -52,3 +52,14 @@ def remove_tree(path: Path) -> None:
     os.rename(path, trash)
     fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename `path` (a folder or a file) to a visible sibling `NAME.set-aside-XXXXXXXX`, durably; delete nothing.
+
+    For what stands where a checkpoint must go but is not one to delete: it stays whole, for a person to judge.
+    """
+    aside = path.with_name(f"{path.name}{SET_ASIDE_MARK}{uuid.uuid4().hex[:8]}")
+    os.rename(path, aside)
+    fsync_dir(path.parent)
+    return aside

@@ -10,6 +10,11 @@
 
 A crash before step 5 leaves only a hidden temporary directory, which is never loaded and is removed
 on the next start; a crash after it leaves a whole, verifiable checkpoint.
+
+Nothing that is not a complete checkpoint is deleted: where a save (step 5) or a restore from the store finds
+something at `step_…` that is not a complete checkpoint (a damaged one, a folder without a manifest, a
+file), it renames it to the visible `step_….set-aside-XXXXXXXX` and logs a warning; only an earlier
+complete checkpoint of the same step is replaced by a new save.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, remove_tree
+from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, move_aside, remove_tree
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_stream
 from gpufleet.runtime.checkpoint.names import (
     LATEST_NAME,
@@ -43,7 +48,7 @@ from gpufleet.runtime.checkpoint.store import (
     list_checkpoints,
     open_url,
 )
-from gpufleet.runtime.checkpoint.verify import verify_checkpoint
+from gpufleet.runtime.checkpoint.verify import check_complete, verify_checkpoint
 
 log = logging.getLogger(__name__)
 BusyPolicy = Literal["wait", "skip"]
@@ -343,8 +348,11 @@ class CheckpointManager:
         atomic_write(tmp / MANIFEST_NAME, manifest.to_json())
         fsync_dir(tmp)
         final = self.root / step_dirname(step)
-        if final.exists():
-            remove_tree(final)
+        if os.path.lexists(final):
+            if _is_complete_checkpoint(final):
+                remove_tree(final)  # an earlier save of this very step, superseded
+            else:
+                _set_aside(final, f"saving step {step}", "it is not a complete checkpoint")
         os.rename(tmp, final)
         fsync_dir(self.root)
         atomic_write(self.root / LATEST_NAME, f"{final.name}\n".encode())
@@ -419,8 +427,8 @@ class CheckpointManager:
                     os.fsync(handle.fileno())
             fsync_dir(tmp)
             final = self.root / step_dirname(info.step)
-            if final.exists():
-                remove_tree(final)
+            if os.path.lexists(final):  # it did not load (damaged, incomplete, a file): kept, never deleted
+                _set_aside(final, f"restoring step {info.step} from {info.path}", "it did not load")
             os.rename(tmp, final)
             fsync_dir(self.root)
             log.warning("restored checkpoint step %d from %s", info.step, info.path)
@@ -564,6 +572,18 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed")
+
+
+def _is_complete_checkpoint(path: Path) -> bool:
+    """Whether `path` is a real folder holding a complete checkpoint (`check_complete`), and nothing else."""
+    return path.is_dir() and not path.is_symlink() and check_complete(_local_fs(), str(path)).ok
+
+
+def _set_aside(path: Path, doing: str, why: str) -> None:
+    """Move what stands where a checkpoint must go to a visible name, whole, and say so."""
+    aside = move_aside(path)
+    log.warning("%s: %s was in the way (%s); moved aside, whole, to %s (nothing deleted: look at it, then delete "
+                "it)", doing, path, why, aside)
 
 
 def _local_fs() -> Any:

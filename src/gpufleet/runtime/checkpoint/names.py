@@ -11,6 +11,9 @@ STEP_DIGITS = 12
 _STEP_DIR = re.compile(rf"^step_(\d{{{STEP_DIGITS}}})$")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+SET_ASIDE_MARK = ".set-aside-"
+"""`step_….set-aside-XXXXXXXX`: something that stood where a checkpoint had to go, kept whole under a visible name
+that no checkpoint code lists, loads, prunes or sweeps."""
 LATEST_NAME = "latest"
 MAX_STEP = 10**STEP_DIGITS - 1
 

@@ -3,8 +3,9 @@
 The copy protocol mirrors the local commit: every data file first, each checked by size after it
 lands, and the manifest last. A reader that sees a manifest therefore sees a whole checkpoint; a copy
 cut off at any point leaves a directory without a manifest, which is never listed as complete.
-`install_checkpoint` adds the rest: it never writes over another checkpoint, and on a local disk it
-copies into a hidden temporary sibling that is renamed into place only once whole and durable.
+`install_checkpoint` adds the rest: it never writes over another checkpoint, nor over anything that is not a copy
+of the one it installs, and on a local disk it copies into a hidden temporary sibling that is renamed into place
+only once whole and durable.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpoin
 from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
 from gpufleet.runtime.checkpoint.names import TMP_PREFIX, TRASH_PREFIX, join, parse_step
-from gpufleet.runtime.checkpoint.verify import check_complete, read_manifest, verify_checkpoint
+from gpufleet.runtime.checkpoint.verify import (
+    NOT_A_FOLDER,
+    check_complete,
+    foreign_files,
+    read_manifest,
+    verify_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,6 +70,8 @@ class CheckpointInfo:
     step: int
     path: str
     has_manifest: bool
+    is_folder: bool = True
+    """False for a file named like a checkpoint: not one, never read, copied or deleted (`has_manifest` is False)."""
 
 
 def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
@@ -118,19 +127,22 @@ def store_errors(url: str) -> Iterator[None]:
 
 
 def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
-    """Every `step_…` directory under `root`, oldest first; other names are ignored."""
+    """Everything named `step_…` under `root`, oldest first (a file so named too, with `is_folder` False); other
+    names are ignored."""
     fs.invalidate_cache()
     try:
-        entries = fs.ls(root, detail=False)
+        entries = fs.ls(root, detail=True)
     except FileNotFoundError:
         return []
     found = []
     for entry in entries:
-        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
         step = parse_step(name)
         if step is not None:
             path = join(root, name)
-            found.append(CheckpointInfo(step, path, bool(fs.exists(join(path, MANIFEST_NAME)))))
+            is_folder = entry["type"] == "directory"
+            has_manifest = is_folder and bool(fs.exists(join(path, MANIFEST_NAME)))
+            found.append(CheckpointInfo(step, path, has_manifest, is_folder))
     return sorted(found, key=lambda info: info.step)
 
 
@@ -217,57 +229,81 @@ def copy_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Transf
     return manifest
 
 
-def _existing(fs: Any, path: str, manifest: Manifest) -> str:
-    """What is at `path` already: absent, leftover (no manifest), same (this checkpoint, every byte verified),
-    repair (this checkpoint's manifest but files missing or failing their checksums), damaged (an unreadable
-    manifest), different."""
+_LEFT_AS_IS = "not overwritten (move it away first, or copy to another root)"
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """`a, b, c and 4 more`: a few names, for a one-line message."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _existing(fs: Any, path: str, manifest: Manifest) -> tuple[str, str | None]:
+    """What is at `path` already, as `(state, refusal)`: what installing `manifest`'s checkpoint there may do.
+
+    absent; same (this checkpoint, every byte verified: nothing to do); repair (this checkpoint's manifest and nothing
+    it does not list, but files missing or failing their checksums: replaced); partial (no manifest, and every file
+    there is one of this checkpoint's, byte for byte: a copy cut off earlier, replaced); refused (a file, a folder
+    holding anything this checkpoint does not, a manifest that cannot be read, a different checkpoint: never
+    touched), with `refusal` saying which.
+    """
     fs.invalidate_cache()
     if not fs.exists(path):
-        return "absent"
+        return "absent", None
+    step = manifest.step
+    if not fs.isdir(path):
+        return "refused", f"{path} is {NOT_A_FOLDER}; {_LEFT_AS_IS}"
     if not fs.exists(join(path, MANIFEST_NAME)):
-        return "leftover"
+        foreign = foreign_files(fs, path, manifest, check_bytes=True)
+        if foreign:
+            return "refused", (f"{path} has no manifest and holds files unlike those of checkpoint step {step} "
+                               f"({_some(foreign)}); {_LEFT_AS_IS}")
+        return "partial", None
     try:
         theirs = read_manifest(fs, path)
     except CorruptCheckpointError:
-        return "damaged"
+        return "refused", (f"{path} already holds a damaged checkpoint of step {step} (see `gpufleet ckpt verify`); "
+                           f"not overwritten (delete it first, or copy to another root)")
     if theirs.to_json() != manifest.to_json():
-        return "different"
-    return "same" if verify_checkpoint(fs, path).ok else "repair"
+        return "refused", (f"{path} already holds a different checkpoint of step {step}; not overwritten "
+                           f"(delete it first, or copy to another root)")
+    unlisted = foreign_files(fs, path, manifest, check_bytes=False)
+    if unlisted:
+        return "refused", (f"{path} holds checkpoint step {step} and files its manifest does not list "
+                           f"({_some(unlisted)}); {_LEFT_AS_IS}")
+    return ("same" if verify_checkpoint(fs, path).ok else "repair"), None
 
 
 def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> tuple[Manifest, bool]:
-    """Copy the committed checkpoint `src` to `dst`, never over another one; `(manifest, copied)`.
+    """Copy the committed checkpoint `src` to `dst`, never over anything but a copy of it; `(manifest, copied)`.
 
     `copied` is False when `dst` already holds this very checkpoint and every byte passes its checksum. A copy of
     this checkpoint whose files are missing or fail their checksums is replaced by the good source (a repair), as
-    is a directory without a manifest (a copy cut off earlier). When `dst` holds a different checkpoint, or one
-    whose manifest cannot be read, CheckpointError is raised and nothing is written. On a local disk the copy
-    goes into a hidden temporary sibling, is checked and fsynced, and only then renamed to `dst`: a crash leaves
-    `dst` as it was (when a damaged copy or a leftover is being replaced, there is an instant between moving it
-    aside and renaming the new copy in when `dst` is absent; the source still holds the checkpoint and a retry
-    completes it). An object store has no rename: there the manifest, written last,
-    is the commit, and an interrupted copy leaves a prefix without one.
+    is a folder without a manifest whose every file is one of this checkpoint's, byte for byte (a copy cut off
+    earlier): neither holds anything the source lacks. Anything else at `dst` is refused with CheckpointError and
+    left untouched: a file, a folder holding anything this checkpoint does not, a manifest that cannot be read, a
+    different checkpoint. On a local disk the copy goes into a hidden temporary sibling, is checked and fsynced,
+    and `dst` is inspected again before the copy is renamed into place (so a folder written meanwhile is not
+    replaced): a crash leaves `dst` as it was (when a damaged or cut-off copy is being replaced, there is an
+    instant between moving it aside and renaming the new copy in when `dst` is absent; the source still holds the
+    checkpoint and a retry completes it). An object store has no rename: there the manifest, written last, is the
+    commit, and an interrupted copy leaves a prefix without one, which a retry completes.
     """
     manifest = read_manifest(src_fs, src)
-    state = with_retries(lambda: _existing(dst_fs, dst, manifest), f"inspect {dst}", policy)
-    name = dst.rstrip("/").rsplit("/", 1)[-1]
+    state, refusal = with_retries(lambda: _existing(dst_fs, dst, manifest), f"inspect {dst}", policy)
+    if refusal is not None:
+        raise CheckpointError(refusal)
     if state == "same":
         return manifest, False
-    if state == "different":
-        raise CheckpointError(f"{dst} already holds a different checkpoint of step {manifest.step}; not overwritten "
-                              f"(delete it first, or copy to another root)")
-    if state == "damaged":
-        raise CheckpointError(f"{dst} already holds a damaged checkpoint of step {manifest.step} (see `gpufleet ckpt "
-                              f"verify`); not overwritten (delete it first, or copy to another root)")
     if not is_local(dst_fs):
-        if state in ("leftover", "repair"):
+        if state != "absent":
             delete_checkpoint(dst_fs, dst)
         copy_checkpoint(src_fs, src, dst_fs, dst, policy)
         return manifest, True
     final = Path(dst)
     # one temporary name per step: a copy killed earlier (SIGKILL skips the cleanup below) is cleared here,
     # so killed attempts never pile up checkpoint-sized hidden folders
-    tmp = final.with_name(f"{TMP_PREFIX}copy-{name}")
+    tmp = final.with_name(f"{TMP_PREFIX}copy-{final.name}")
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
@@ -278,22 +314,33 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
         for path in sorted(tmp.rglob("*"), reverse=True):
             (fsync_dir if path.is_dir() else fsync_file)(path)
         fsync_dir(tmp)
-        trash = None
-        if final.exists():
-            if state != "repair" and (final / MANIFEST_NAME).exists():  # committed by someone else meanwhile
-                raise CheckpointError(f"{dst} appeared while copying; not overwritten")
-            # a leftover or the damaged copy the whole new one replaces: out of the way by one rename, the new one
-            # in by the next, deleted only after (only between the two renames is there no `dst`)
-            trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
-            os.rename(final, trash)
-        os.rename(tmp, final)
-        fsync_dir(final.parent)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+        _rename_into_place(dst_fs, tmp, final, state, manifest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return manifest, True
+
+
+def _rename_into_place(fs: Any, tmp: Path, final: Path, state: str, manifest: Manifest) -> None:
+    """Rename the whole copy `tmp` to `final`, which must still be as `_existing` found it (`state`).
+
+    A damaged or cut-off copy at `final` goes out of the way by one rename, the new one in by the next, and the old
+    one is deleted only after (only between the two renames is there no `final`).
+    """
+    if state == "absent":
+        if os.path.lexists(final):
+            raise CheckpointError(f"{final} appeared while copying; {_LEFT_AS_IS}")
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+        return
+    now, _ = _existing(fs, str(final), manifest)
+    if now != state:
+        raise CheckpointError(f"{final} changed while copying; {_LEFT_AS_IS}")
+    trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
+    os.rename(final, trash)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def delete_checkpoint(fs: Any, path: str) -> None:
