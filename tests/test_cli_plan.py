@@ -168,7 +168,7 @@ def test_non_finite_numbers_are_refused_naming_the_flag(args: list[str], flag: s
     (["plan", "-g", ""], "--gpu must not be empty (see `gpufleet plan --help`"),
     (["plan", "--node", " ", "-n", "8"], "--node must not be empty"),
     (["fabric", "build", "--gpus", "8", "--gpu", ""], "--gpu must not be empty (see `gpufleet fabric build --help`"),
-    (["catalog", "list", ""], "kind must not be empty"),
+    (["catalog", "list", ""], "KIND must not be empty"),
 ])
 def test_an_empty_value_is_refused_instead_of_meaning_the_default(args: list[str], expected: str) -> None:
     assert expected in one_error_line(gpufleet(*args))

@@ -60,6 +60,8 @@ def build_app() -> typer.Typer:
 def _flag_name(command: Any, name: str) -> str:
     """The long flag a parameter is spelled with on the command line (`--rack-kw` for `rack_kw`)."""
     for param in getattr(command, "params", []):
+        if param.name == name and param.param_type_name == "argument":
+            return str(param.name).upper()  # as --help shows it: WHERE, ROOT
         if param.name == name:
             longs = [opt for opt in param.opts if opt.startswith("--")]
             return longs[0] if longs else param.opts[0]
