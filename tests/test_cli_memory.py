@@ -139,7 +139,7 @@ def test_dp_is_derived_and_a_wrong_dp_is_rejected() -> None:
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "most"), "selective"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--selective-policy", "op"), "--recompute"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", "megatron"), "torchtitan"),
-        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", ""), "torchtitan"),
+        (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", ""), "--stack must not be empty"),
         (("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--stack", "torchtitan", "--offload-activations",
           "4"), "CPU memory"),
     ],
