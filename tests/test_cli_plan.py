@@ -178,6 +178,7 @@ def test_an_empty_value_is_refused_instead_of_meaning_the_default(args: list[str
     (["plan", "--seq", "4k"], "Invalid value for '--seq': not a whole number"),
     (["plan", "--budget", "abc"], "Invalid value for '--budget': not a number"),
     (["plan", "--seq", "0"], "--seq must be a positive number of tokens, got 0"),
+    (["plan", "--tokens", "-5T"], "--tokens must be positive, got '-5T'"),
     (["plan", "--global-batch", "-3"], "--global-batch must be a positive number of sequences, got -3"),
     (["plan", "-n", "64,128", "--plot", "/proc/x.png"], "cannot write plot /proc/x.png: No such file or directory"),
 ])

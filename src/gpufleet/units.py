@@ -29,6 +29,8 @@ def _positive_finite(value: float, text: str, what: str) -> float:
 def parse_count(text: str, what: str = "count") -> float:
     """'15T' -> 1.5e13; '2.5B' -> 2.5e9; plain numbers pass through. Must be > 0."""
     match = re.fullmatch(_NUMBER + r"\s*([kmbgtp]?)", text.strip().lower())
+    if not match and re.fullmatch(r"-\s*" + _NUMBER + r"\s*([kmbgtp]?)", text.strip().lower()):
+        raise InputError(f"{what} must be positive, got {text!r}")
     if not match:
         raise InputError(f"{what} {text!r} is not a number with an optional suffix (k, M, B, T), e.g. 15T")
     value = float(match.group(1)) * _COUNT_SUFFIX[match.group(2)]
