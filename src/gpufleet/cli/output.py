@@ -1,7 +1,8 @@
 """The one object that owns what the CLI prints: tables or JSON on stdout, one-line errors, exit codes.
 
 Exit codes: 0 success; 1 a check the user asked for failed (verify found bad files, a job does not
-fit); 2 the user's input is wrong (unknown name, bad flag value, malformed file).
+fit); 2 the user's input is wrong (unknown name, bad flag value, malformed file). Either way the reason is
+one line on stderr; a failed check in --json mode still prints a JSON document (with "error") on stdout.
 """
 
 from __future__ import annotations
