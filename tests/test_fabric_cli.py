@@ -8,6 +8,7 @@ import pytest
 
 from clirun import one_error_line
 from clirun import run_gpufleet as run
+from gpufleet.errors import InputError
 
 
 def test_build_json_matches_superpod_two_su() -> None:
@@ -89,3 +90,70 @@ def test_build_and_facility_count_the_same_fabric_watts() -> None:
     assert built["switch_power_w"] + built["optics_power_w"] == built["fabric_power_w"]
     assert "facility default" in built["switch_power_source"]
     assert facility["switches"] == built["switches"] and facility["fabric_power_w"] == built["fabric_power_w"]
+
+
+def test_an_all_to_all_over_the_simulators_limit_is_refused_at_once_with_what_fits() -> None:
+    """65,536 GPUs is the three-tier NDR fat tree's maximum, so the count is accepted, but simulating an all-to-all
+    over it used to be OOM-killed (24 GB). The work estimate refuses it before anything is built."""
+    out = run("fabric", "simulate", "--gpus", "1024,65536", "--collective", "all-to-all", timeout=120)
+    line = one_error_line(out)
+    assert out.stdout == ""  # checked before the first (allowed) 1,024-GPU simulation ran
+    assert "all-to-all over 65,536 GPUs" in line and "about 60 s" in line
+    assert "--fabric-model analytical" in line
+    fits = int(line.split("--gpus ")[1].split(" fits")[0])
+    assert 1024 <= fits < 65536
+    # the largest power of two that fits is named: it passes the same check, twice as many GPUs do not
+    from gpufleet.catalog.registry import load_catalog
+    from gpufleet.cli.fabric import block_span
+    from gpufleet.fabric.graph import estimate_fabric_size
+    from gpufleet.fabric.simulate import check_work, estimate_work, shape_of_span
+    from gpufleet.fabric.topology import Cluster, Fabric
+
+    catalog = load_catalog()
+    node = catalog.node("dgx-h100")
+    for count, allowed in ((fits, True), (2 * fits, False)):
+        c = Cluster(catalog.gpu(node.gpu), node, count, Fabric(catalog.network("ndr400"), "fat-tree"))
+        work = estimate_work("all-to-all", "auto", "spray", shape_of_span(c, block_span(c, "block")),
+                             estimate_fabric_size(c))
+        if allowed:
+            check_work(work)
+        else:
+            with pytest.raises(InputError):
+                check_work(work)
+
+
+def test_send_recv_at_the_three_tier_maximum_runs() -> None:
+    """It used to try to allocate 16 GiB (every flow's own copy of its ~2,000-link spray path)."""
+    out = run("fabric", "simulate", "--gpus", "65536", "--collective", "send-recv", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["gpus"] == 65536 and 0 < data["busbw_gbps"] <= 400 / 8
+
+
+def test_a_one_byte_buffer_is_shown_in_bytes_with_a_nonzero_bandwidth() -> None:
+    table = run("fabric", "simulate", "--gpus", "16", "--size", "1")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("│ 16"))
+    assert "1 B" in row and "e-07 MiB" not in row
+    data = json.loads(run("fabric", "simulate", "--gpus", "16", "--size", "1", "--json").stdout)
+    assert data["size_bytes"] == 1 and data["algbw_gbps"] > 0
+
+
+@pytest.mark.parametrize("size", ["2TiB", "1PiB", "1PB", "1e30", "0.5", "0"])
+def test_a_buffer_outside_one_byte_to_one_tib_is_refused(size: str) -> None:
+    line = one_error_line(run("fabric", "simulate", "--gpus", "16", "--size", size))
+    assert f"--size {size}" in line and "1 byte" in line and "1 TiB" in line
+
+
+def test_one_tib_per_rank_is_accepted() -> None:
+    out = run("fabric", "simulate", "--gpus", "16", "--size", "1TiB", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["size_bytes"] == 2**40
+
+
+def test_simulate_help_says_what_it_accepts() -> None:
+    text = " ".join(run("fabric", "simulate", "--help").stdout.split())
+    assert "a bare number is bytes" in text and "1 TiB" in text
+    assert "range 64-1024" in text
+    for suffix in (".png", ".svg", ".pdf", ".html"):
+        assert suffix in text

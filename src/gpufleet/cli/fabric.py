@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,13 +18,56 @@ from gpufleet.economics.defaults import facility_defaults
 from gpufleet.errors import InputError
 from gpufleet.fabric.bom import bill_of_materials
 from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
-from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph, check_size
+from gpufleet.fabric.graph import CORE, LEAF, SPINE, build_graph, check_size, estimate_fabric_size
 from gpufleet.fabric.placement import GroupSpan, Placement, span_over_nodes
 from gpufleet.fabric.routing import ROUTING_MODES, RoutingMode
-from gpufleet.fabric.simulate import ALGORITHMS, Algorithm, default_routing, simulate_collective
+from gpufleet.fabric.simulate import (
+    ALGORITHMS,
+    Algorithm,
+    check_work,
+    default_routing,
+    estimate_work,
+    shape_of_span,
+    simulate_collective,
+)
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
-from gpufleet.report.plots import Series, check_output_path, write_series_plot
+from gpufleet.report.plots import PLOT_SUFFIXES, Series, check_output_path, write_series_plot
 from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
+
+#: Buffer per rank `fabric simulate` takes: 1 byte to 1 TiB. The top is 3.5x the largest GPU memory in the
+#: catalog (288 GiB), so every buffer a GPU can hold fits; a larger one cannot be a real rank's buffer, and
+#: the simulated time only scales with it (1e30 bytes used to print a time of 10^17 seconds).
+MIN_SIZE_BYTES = 1
+MAX_SIZE_BYTES = 2**40
+_PETA = {"p": 2**50, "pib": 2**50, "pb": 10**15}  # understood (to say they are too large), never in range
+
+
+def _human_bytes(value: float) -> str:
+    """1 -> '1 B', 1536 -> '1.5 KiB', 2**30 -> '1 GiB'."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value:.4g} B"
+
+
+def parse_size(text: str) -> float:
+    """A --size entry: bytes (a bare number) or a number with a unit (KiB ... TiB, KB ... TB), 1 B to 1 TiB."""
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)", text.strip().lower())
+    if match and match.group(2) in _PETA:
+        value = float(match.group(1)) * _PETA[match.group(2)]
+    elif match and float(match.group(1)) == 0:
+        value = 0.0
+    else:
+        value = parse_bytes(text, "--size")
+    if not MIN_SIZE_BYTES <= value <= MAX_SIZE_BYTES:
+        raise InputError(f"--size {text.strip()} is {_human_bytes(value)} per rank; the simulator takes 1 byte "
+                         "(a bare number is bytes) to 1 TiB per rank, e.g. 1GiB")
+    return value
+
+
+def _gbps(value: float) -> str:
+    """A bandwidth in GB/s, with digits left for tiny ones (a 1-byte collective moves ~0.0001 GB/s)."""
+    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2g}"
 
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
@@ -48,6 +92,33 @@ def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network
 def block_span(cluster: Cluster, placement: Placement) -> GroupSpan:
     """The span of a group of every GPU of `cluster`, as placement.group_span would give it."""
     return span_over_nodes(cluster.gpus, cluster.gpus_per_node, cluster.num_nodes, cluster, placement)
+
+
+def _check_work(op: Op, cluster: Cluster, placement: Placement, algorithm: Algorithm, routing: RoutingMode | None,
+                catalog_paths: list[Path] | None, topology: str, network: str, node: str | None, gpu: str | None,
+                oversubscription: str) -> None:
+    """Refuse, before anything is simulated, a cluster whose simulation is over the simulator's limits; the
+    message names the largest power-of-two GPU count that fits on this fabric."""
+
+    def check(c: Cluster, hint: str = "") -> None:
+        mode = routing or default_routing(c)
+        work = estimate_work(op, algorithm, mode, shape_of_span(c, block_span(c, placement)), estimate_fabric_size(c))
+        check_work(work, hint)
+
+    try:
+        check(cluster)
+    except InputError:
+        fits = None
+        count = 2 ** (cluster.gpus.bit_length() - 1)
+        while count >= 2 and fits is None:
+            if count < cluster.gpus:
+                try:
+                    check(_cluster(catalog_paths, count, topology, network, node, gpu, oversubscription))
+                    fits = count
+                except InputError:
+                    pass
+            count //= 2
+        check(cluster, f"--gpus {fits} fits" if fits else "")
 
 
 def _simulate_one(op: Op, size: float, cluster: Cluster, placement: Placement, algorithm: Algorithm,
@@ -140,8 +211,10 @@ def register(app: typer.Typer) -> None:
     @fabric_app.command("simulate")
     def simulate(
         collective: str = typer.Option("all-reduce", "--collective", help=f"One of {', '.join(OPS)}."),
-        size: str = typer.Option("1GiB", "--size", help="Buffer per rank, e.g. 1GiB, or a list 1MiB,1GiB."),
-        gpus: str = typer.Option(..., "--gpus", help="GPUs in the group (= cluster), or a list 128,256."),
+        size: str = typer.Option("1GiB", "--size", help="Buffer per rank, 1 byte to 1 TiB: a bare number is bytes; "
+                                 "units KiB/MiB/GiB/TiB (or K/M/G/T) and KB/MB/GB/TB, e.g. 1GiB, or a list 1MiB,1GiB."),
+        gpus: str = typer.Option(..., "--gpus", help="GPUs in the group (= cluster): a count, a list 128,256, or a "
+                                 "range 64-1024 (doublings, the top included) or 64-512:64 (steps of 64)."),
         topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
         network: str = typer.Option("ndr400", "--network", help="Network id, or a list ndr400,roce200."),
         gpu: str | None = typer.Option(None, "--gpu", help="GPU id; its default node is used [default: --node's "
@@ -153,11 +226,15 @@ def register(app: typer.Typer) -> None:
         algorithm: str = typer.Option("auto", "--algorithm", help=f"One of {', '.join(ALGORITHMS)}."),
         routing: str | None = typer.Option(None, "--routing", help="ecmp or spray [default: spray on IB]."),
         seed: int | None = typer.Option(None, "--seed", help="ECMP hash seed (with ecmp routing only) [default: 0]."),
-        plot: Path | None = typer.Option(None, "--plot", help="Write busbw vs size (or GPUs) to FILE.png/.html."),
+        plot: Path | None = typer.Option(None, "--plot", help="Write busbw vs size (or GPUs) to a file ending in "
+                                         f"{', '.join(PLOT_SUFFIXES)} (.html needs no matplotlib)."),
         catalog: list[Path] = CatalogOption,
         json_mode: bool = JsonOption,
     ) -> None:
         """Simulate one collective (flow level) and compare with the analytical model.
+
+        One simulation is limited to about a minute and 2 GiB (on 2 cores); a larger one (all-to-all over
+        thousands of GPUs, ECMP routing) is refused at once with the largest GPU count that fits.
 
         Example: `gpufleet fabric simulate --collective all-reduce --size 1GiB --gpus 256 --topology leaf-spine
         --oversubscription 4:1`
@@ -168,17 +245,20 @@ def register(app: typer.Typer) -> None:
         place = cast(Placement, _choice(placement, ("block", "scatter"), "--placement"))
         algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "--algorithm"))
         mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "--routing")) if routing else None
-        sizes = [parse_bytes(s, "--size") for s in size.split(",")]
+        sizes = [parse_size(s) for s in size.split(",")]
         counts = parse_int_list(gpus, "--gpus")
         if min(counts) < 2:
             raise InputError(f"--gpus {min(counts)}: a collective needs a group of at least 2 GPUs")
         networks = [n.strip() for n in network.split(",")]
         topologies = [t.strip() for t in topology.split(",")]
-        clusters = [_cluster(catalog, count, topo, net, node, gpu, oversubscription)
-                    for net in networks for topo in topologies for count in counts]
+        described = [(net, topo, _cluster(catalog, count, topo, net, node, gpu, oversubscription))
+                     for net in networks for topo in topologies for count in counts]
+        clusters = [c for _, _, c in described]
         if seed is not None and all((mode or default_routing(c)) != "ecmp" for c in clusters):
             raise InputError("--seed seeds ECMP hashing, but every simulation here routes by spray "
                              f"({', '.join(networks)}); add --routing ecmp or leave out --seed")
+        for net, topo, c in described:  # every simulation is checked before the first one runs
+            _check_work(op, c, place, algo, mode, catalog, topo, net, node, gpu, oversubscription)
         rows = [_simulate_one(op, s, c, place, algo, mode, seed or 0) for c in clusters for s in sizes]
         if plot is not None:
             _plot(plot, rows, "size_bytes" if len(sizes) > 1 else "gpus")
@@ -190,9 +270,9 @@ def register(app: typer.Typer) -> None:
             for row in rows:
                 neck = ", ".join(f"{b['tier']} ×{b['links']}" for b in row["bottlenecks"])
                 table.add_row(str(row["gpus"]), row["network"], f"{row['topology']} {row['oversubscription']:g}:1",
-                              f"{row['size_bytes'] / 2**20:g} MiB", row["algorithm"], f"{row['time_s'] * 1e3:.2f}",
-                              f"{row['algbw_gbps']:.1f}", f"{row['busbw_gbps']:.1f}",
-                              f"{row['analytical_busbw_gbps']:.1f}", neck)
+                              _human_bytes(row["size_bytes"]), row["algorithm"], f"{row['time_s'] * 1e3:.2f}",
+                              _gbps(row["algbw_gbps"]), _gbps(row["busbw_gbps"]),
+                              _gbps(row["analytical_busbw_gbps"]), neck)
             console.print(table)
 
         Output(json_mode).emit(data, render)

@@ -286,6 +286,109 @@ def check_size(cluster: Cluster) -> None:
     )
 
 
+def _leaf_uplinks(cluster: Cluster, full: int) -> int:
+    """Uplinks of every leaf: a full leaf's node ports over the oversubscription (as `_add_cluster` cables them)."""
+    return max(1, math.ceil(full / cluster.fabric.oversubscription - 1e-9))
+
+
+def estimate_links(cluster: Cluster) -> int:
+    """Directed links `build_graph(cluster)` would hold, by arithmetic (tests hold it within 10 %): what the
+    simulator's work estimate uses before anything is built."""
+    gpn, nodes, nics = cluster.gpus_per_node, cluster.num_nodes, cluster.node.nics
+    gpus = gpn * nodes
+    scale_up = 0 if gpn == 1 else gpus * (gpn - 1) if cluster.scale_up.kind == "mesh" else 2 * gpus
+    links = scale_up + 2 * gpus + 2 * nodes * nics  # GPU <-> NIC, NIC <-> leaf
+    full = _full_leaf(cluster)
+    leaves = _leaves_for(cluster, nodes, full)
+    if leaves <= 1:
+        return links
+    fabric = cluster.fabric
+    up = _leaf_uplinks(cluster, full)
+    links += 2 * leaves * up  # leaf <-> spine (aggregation)
+    if fabric.kind == "dragonfly+":
+        group = _leaves_per_group(fabric)
+        groups = math.ceil(leaves / group)
+        if groups > 1:
+            ports = max(1, math.ceil(min(group, leaves) / fabric.spine_oversubscription))
+            links += 2 * up * groups * (groups - 1) // 2 * max(1, ports // (groups - 1))
+    elif leaves > fabric.network.switch_radix:  # three tiers: aggregation <-> core
+        links += 2 * math.ceil(leaves * up / fabric.spine_oversubscription)
+    return links
+
+
+def estimate_switches(cluster: Cluster) -> int:
+    """Leaf, spine and core switches `build_graph(cluster)` would hold, by arithmetic (tests hold it exact)."""
+    full = _full_leaf(cluster)
+    leaves = _leaves_for(cluster, cluster.num_nodes, full)
+    if leaves <= 1:
+        return leaves
+    fabric = cluster.fabric
+    radix, up = fabric.network.switch_radix, _leaf_uplinks(cluster, full)
+    if fabric.kind == "dragonfly+":
+        return leaves + math.ceil(leaves / _leaves_per_group(fabric)) * up
+    if leaves <= radix:
+        return leaves + _even_spine_count(leaves * up, up, radix)
+    pod = _leaves_per_group(fabric)
+    pods = math.ceil(leaves / pod)
+    in_pod = [min(pod, leaves - i * pod) for i in range(pods)]  # leaves under each pod (the last may be short)
+    agg_up = [math.ceil(count / fabric.spine_oversubscription - 1e-9) for count in in_pod]
+    return leaves + pods * up + up * max(1, math.ceil(sum(agg_up) / radix))
+
+
+def estimate_spray_path_links(cluster: Cluster) -> int:
+    """Links a packet-sprayed flow between the two farthest leaves spreads over (its up and down fan-out), an upper
+    bound (a part-filled last pod has fewer cores); tests hold it to what routing gives."""
+    full = _full_leaf(cluster)
+    leaves = _leaves_for(cluster, cluster.num_nodes, full)
+    if leaves <= 1:
+        return 0
+    fabric = cluster.fabric
+    up = _leaf_uplinks(cluster, full)
+    if fabric.kind == "dragonfly+":
+        group = _leaves_per_group(fabric)
+        groups = math.ceil(leaves / group)
+        if groups <= 1:
+            return 2 * up
+        ports = max(1, math.ceil(min(group, leaves) / fabric.spine_oversubscription))
+        return 2 * up + up * max(1, ports // (groups - 1))
+    if leaves <= fabric.network.switch_radix:
+        return 2 * up
+    pod = min(_leaves_per_group(fabric), leaves)
+    return 2 * up * (1 + math.ceil(pod / fabric.spine_oversubscription))
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSize:
+    """What the simulator's work estimate needs to know of a topology."""
+
+    links: int
+    leaves: int
+    switches: int  # leaves included: routing keeps a hop count from every switch to every leaf
+    spray_path_links: int  # links of a spray path between the farthest leaves (0 with one leaf)
+    near_path_links: int  # links of a spray path between two leaves of one pod (group): up one tier and down
+    pod_nodes: int  # nodes under one pod (dragonfly+ group; all of them in two tiers)
+    pair_fanout: int  # leaf pairs the flows from one node to another can join: one per rail, more if nodes straddle
+    gpus_per_node: int
+
+
+def estimate_fabric_size(cluster: Cluster) -> FabricSize:
+    """The FabricSize of `build_graph(cluster)`, by arithmetic (nothing is built)."""
+    full = _full_leaf(cluster)
+    nics, nodes = cluster.node.nics, cluster.num_nodes
+    leaves = _leaves_for(cluster, nodes, full)
+    fabric = cluster.fabric
+    if fabric.kind == "rail-optimized":  # NIC i of every node on rail leaf i of its unit
+        fanout = nics
+    else:  # a node's NICs on consecutive leaves; two nodes may cut their local indices apart differently
+        reach = 1 if nics <= full and full % nics == 0 else min(nics, math.ceil(nics / full) + 1)
+        fanout = min(nics, 2 * reach - 1)
+    tiers_of_pods = fabric.kind == "dragonfly+" or leaves > fabric.network.switch_radix
+    pod_nodes = max(1, _leaves_per_group(fabric) * full // nics) if tiers_of_pods else nodes
+    near = 2 * _leaf_uplinks(cluster, full) if leaves > 1 else 0
+    return FabricSize(estimate_links(cluster), leaves, estimate_switches(cluster), estimate_spray_path_links(cluster),
+                      near, min(pod_nodes, nodes), max(1, fanout), cluster.gpus_per_node)
+
+
 def _leaf_ports(cluster: Cluster) -> tuple[IntArray, IntArray, int]:
     """Leaf index of every NIC (node-major) and the leaf-group (scalable unit) of every node."""
     nodes, nics = cluster.num_nodes, cluster.node.nics
@@ -326,7 +429,7 @@ def _add_cluster(b: _Builder, cluster: Cluster, gpu_base: int, node_base: int) -
     used = np.bincount(leaf_index, minlength=leaves)
     os = fabric.oversubscription
     # every leaf is cabled as a full one: ceil(ports of a full leaf / os) uplinks (a part-filled last leaf too)
-    uplinks = np.full(leaves, max(1, math.ceil(max(full_ports, int(used.max())) / os - 1e-9)), dtype=np.int64)
+    uplinks = np.full(leaves, _leaf_uplinks(cluster, max(full_ports, int(used.max()))), dtype=np.int64)
     too_full = used + uplinks > radix
     if leaves > 1 and too_full.any():
         raise InputError(

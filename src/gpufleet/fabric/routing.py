@@ -11,7 +11,12 @@ seeded hash of the flow's endpoints, as a switch hashes a 5-tuple: deterministic
 real ECMP. `spray` splits every flow evenly over all such links (ideal adaptive routing / packet spray).
 
 The result is a sparse incidence: (link, flow, weight) triples, weight = the fraction of the flow's
-rate that crosses the link (1 for ECMP; fractions that sum to 1 per tier for spray).
+rate that crosses the link (1 for ECMP; fractions that sum to 1 per tier for spray). Spray splits a
+flow by where it starts and ends (its two leaves), never by its endpoints' hash, so every flow between
+the same two leaves takes the same weighted links: those are routed once per leaf pair and kept as a
+shared *path* (`Routes.path_*`), which each such flow references (`Routes.path_of_flow`) instead of
+carrying its own copy. Results are the same; a three-tier spray path spans ~2,000 links, so per-flow
+copies made a 65,536-GPU all-reduce or send-recv need tens of GiB.
 """
 
 from __future__ import annotations
@@ -32,13 +37,25 @@ ROUTING_MODES: tuple[RoutingMode, ...] = ("ecmp", "spray")
 
 @dataclass(frozen=True)
 class Routes:
-    """Flows as a sparse incidence over links, with each flow's one-way latency."""
+    """Flows as a sparse incidence over links, with each flow's one-way latency.
+
+    A flow's links are its own entries (`link`, `flow`, `weight`) plus, when `path_of_flow` is not -1,
+    every entry of that shared path (`path_link`, `path`, `path_weight`).
+    """
 
     flows: int
     link: IntArray
     flow: IntArray
     weight: FloatArray
     latency_s: FloatArray  # per flow: endpoint + switch hops, or one scale-up step
+    path_of_flow: IntArray  # per flow: the shared between-leaf path it takes (spray), -1 if none
+    path_link: IntArray
+    path: IntArray
+    path_weight: FloatArray
+
+    @property
+    def paths(self) -> int:
+        return int(self.path_of_flow.max(initial=-1)) + 1
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,20 @@ def _tables(graph: FabricGraph) -> _SwitchTables:
     return tables
 
 
+def spans(begin: IntArray, length: IntArray) -> IntArray:
+    """begin[0], begin[0]+1, ..., begin[0]+length[0]-1, begin[1], ...: consecutive runs, concatenated."""
+    total = int(length.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(total, dtype=np.int64) + np.repeat(begin - (np.cumsum(length) - length), length)
+
+
+def switch_hops(graph: FabricGraph, leaf: int) -> IntArray:
+    """Switch hops from every leaf to leaf vertex `leaf` (-1 where unreachable), in the order of the graph's leaves."""
+    t = _tables(graph)
+    return t.hops[t.leaf_rows, t.leaf_pos[t.index_of[leaf]]]
+
+
 def _hash(*parts: IntArray | np.integer) -> IntArray:
     """A deterministic 64-bit mix (splitmix64) of integer arrays."""
     value = np.zeros(np.broadcast(*parts).shape, dtype=np.uint64)
@@ -93,8 +124,11 @@ def _hash(*parts: IntArray | np.integer) -> IntArray:
 
 
 def _between_leaves(graph: FabricGraph, flow: IntArray, start: IntArray, goal: IntArray, src: IntArray,
-                    dst: IntArray, mode: RoutingMode, seed: int) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
-    """Links (and per-flow latency) from leaf vertex `start` to leaf vertex `goal` for each unit."""
+                    dst: IntArray, mode: RoutingMode, seed: int, peak: list[int] | None = None
+                    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+    """Links (and per-flow latency) from leaf vertex `start` to leaf vertex `goal` for each unit.
+
+    `flow` must be increasing. `peak`, if given, gets the largest candidate-link array built (memory)."""
     t = _tables(graph)
     cur = t.index_of[start]
     goal_col = t.leaf_pos[t.index_of[goal]]
@@ -110,23 +144,31 @@ def _between_leaves(graph: FabricGraph, flow: IntArray, start: IntArray, goal: I
     active = remaining > 0
     cur, goal_col, weight = cur[active], goal_col[active], weight[active]
     unit_flow, unit_src, unit_dst = unit_flow[active], unit_src[active], unit_dst[active]
+    goals = t.hops.shape[1]
     while len(cur):
-        degree = t.out_ptr[cur + 1] - t.out_ptr[cur]
-        owner = np.repeat(np.arange(len(cur)), degree)
-        offsets = np.arange(len(owner)) - np.repeat(np.cumsum(degree) - degree, degree)
-        cand = t.out_ptr[cur][owner] + offsets
-        head = t.out_head[cand]
-        good = t.hops[head, goal_col[owner]] == t.hops[cur[owner], goal_col[owner]] - 1
-        owner, cand, head = owner[good], cand[good], head[good]
-        count = np.bincount(owner, minlength=len(cur))
+        # the links one hop closer to the goal depend on (switch, goal) only: found once per distinct pair
+        pair_key, pair = np.unique(cur * goals + goal_col, return_inverse=True)
+        at, to = pair_key // goals, pair_key % goals
+        degree = t.out_ptr[at + 1] - t.out_ptr[at]
+        pair_owner = np.repeat(np.arange(len(at)), degree)
+        every = spans(t.out_ptr[at], degree)
+        good = t.hops[t.out_head[every], to[pair_owner]] == t.hops[at, to][pair_owner] - 1
+        good_links = every[good]  # candidates of each (switch, goal), in the switch's link order
+        pair_count = np.bincount(pair_owner[good], minlength=len(at))
+        pair_first = np.cumsum(pair_count) - pair_count
+        count = pair_count[pair]
         if mode == "ecmp":
-            first = np.cumsum(count) - count
             pick = _hash(unit_src, unit_dst, graph.switch_vertices()[cur], np.int64(seed)) % np.maximum(count, 1)
-            chosen = first + pick
-            owner, cand, head = owner[chosen], cand[chosen], head[chosen]
+            owner = np.arange(len(cur))
+            cand = good_links[pair_first[pair] + pick]
             new_weight = weight
         else:
+            owner = np.repeat(np.arange(len(cur)), count)
+            cand = good_links[spans(pair_first[pair], count)]
             new_weight = weight[owner] / count[owner]
+        if peak is not None:
+            peak.append(max(len(every), len(cand)))
+        head = t.out_head[cand]
         link = t.out_link[cand]
         out_links.append(link)
         out_flows.append(unit_flow[owner])
@@ -155,6 +197,40 @@ def _between_leaves(graph: FabricGraph, flow: IntArray, start: IntArray, goal: I
     return np.concatenate(out_links), np.concatenate(out_flows), np.concatenate(out_weights), latency
 
 
+#: Candidate links one batch of spray paths may expand at a hop (int64 arrays of this length, a few at
+#: once: ~30 MB each). A 65,536-GPU three-tier path expands ~1,000 at its top: a batch holds thousands of pairs.
+SPRAY_BATCH_CANDIDATES = 4_000_000
+
+
+def spray_paths(graph: FabricGraph, start: IntArray, goal: IntArray
+                ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+    """Spray routes between leaf pairs start[i] -> goal[i]: entries (link, pair, weight) and per-pair latency.
+
+    Routed in batches sized after the first, so that the candidate arrays stay near SPRAY_BATCH_CANDIDATES.
+    """
+    pairs = len(start)
+    links: list[IntArray] = []
+    owners: list[IntArray] = []
+    weights: list[FloatArray] = []
+    latency = np.zeros(pairs)
+    batch, done = 16, 0
+    while done < pairs:
+        take = np.arange(done, min(pairs, done + batch), dtype=np.int64)
+        peak: list[int] = []
+        link, owner, weight, lat = _between_leaves(graph, take, start[take], goal[take], take, take, "spray", 0, peak)
+        links.append(link)
+        owners.append(owner)
+        weights.append(weight)
+        latency[take] = lat
+        done += len(take)
+        per_pair = max(peak, default=0) / len(take)
+        batch = max(1, int(SPRAY_BATCH_CANDIDATES // max(per_pair, 1.0)))
+    if not links:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0), latency
+    return np.concatenate(links), np.concatenate(owners), np.concatenate(weights), latency
+
+
 def route(graph: FabricGraph, src: IntArray, dst: IntArray, mode: RoutingMode = "ecmp", seed: int = 0) -> Routes:
     """Routes for flows src[i] -> dst[i] (GPU ids; src != dst)."""
     if mode not in ROUTING_MODES:
@@ -163,6 +239,9 @@ def route(graph: FabricGraph, src: IntArray, dst: IntArray, mode: RoutingMode = 
     dst = np.asarray(dst, dtype=np.int64)
     flows = len(src)
     ids = np.arange(flows, dtype=np.int64)
+    path_of_flow = np.full(flows, -1, dtype=np.int64)
+    path_parts: tuple[IntArray, IntArray, FloatArray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                                        np.zeros(0))
     links: list[IntArray] = []
     owners: list[IntArray] = []
     weights: list[FloatArray] = []
@@ -203,11 +282,19 @@ def route(graph: FabricGraph, src: IntArray, dst: IntArray, mode: RoutingMode = 
         add(graph.edge_nic_gpu[d], f)
         start, goal = graph.leaf_of_nic[rail_nic], graph.leaf_of_nic[dst_nic]
         cross = start != goal
-        link, owner, weight, lat = _between_leaves(graph, f[cross], start[cross], goal[cross], s[cross], d[cross],
-                                                   mode, seed)
-        links.append(link)
-        owners.append(owner)
-        weights.append(weight)
         latency[f] = graph.endpoint_latency_s[s] + graph.latency_s[graph.edge_nic_leaf[rail_nic]]
-        latency[f[cross]] += lat
-    return Routes(flows, np.concatenate(links), np.concatenate(owners), np.concatenate(weights), latency)
+        if mode == "ecmp":  # one hashed path per flow
+            link, owner, weight, lat = _between_leaves(graph, f[cross], start[cross], goal[cross], s[cross],
+                                                       d[cross], mode, seed)
+            links.append(link)
+            owners.append(owner)
+            weights.append(weight)
+            latency[f[cross]] += lat
+        else:  # spray: one shared path per pair of leaves
+            pair_key, pair_of_cross = np.unique(start[cross] * graph.vertices + goal[cross], return_inverse=True)
+            link, pair, weight, lat = spray_paths(graph, pair_key // graph.vertices, pair_key % graph.vertices)
+            path_of_flow[f[cross]] = pair_of_cross
+            path_parts = (link, pair, weight)
+            latency[f[cross]] += lat[pair_of_cross]
+    return Routes(flows, np.concatenate(links), np.concatenate(owners), np.concatenate(weights), latency,
+                  path_of_flow, *path_parts)
