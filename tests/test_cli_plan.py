@@ -270,6 +270,12 @@ def test_absurd_gpu_counts_are_refused_at_once(gpus: str, message: str) -> None:
     assert message in one_error_line(gpufleet("plan", "-n", gpus, timeout=30))
 
 
+def test_fabric_build_refuses_a_cluster_of_millions_before_building_its_graph() -> None:
+    # radix-256 switches would let a 4M-GPU fat tree pass the topology's own size check (~5 GB of graph)
+    line = one_error_line(gpufleet("fabric", "build", "--gpus", "4000000", timeout=30))
+    assert "--gpus 4,000,000 is more than 1,048,576" in line
+
+
 def test_a_hopeless_count_answers_quickly() -> None:
     # the nearest-legal-count search is bounded: a count far from any legal one is refused, not searched for minutes
     # (at 999,992 GPUs the default batch is 2^20 sequences: no dp of a legal split divides it)

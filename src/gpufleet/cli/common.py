@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from gpufleet.catalog.registry import Catalog, load_catalog
+from gpufleet.errors import InputError
 
 CatalogOption = typer.Option(
     None,
@@ -18,6 +19,17 @@ CatalogOption = typer.Option(
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 #: The GPU a command assumes when neither --gpu nor --node names one.
 DEFAULT_GPU = "h100-sxm"
+#: The largest GPU count `plan` and `fabric build` accept (judgement: 16x the largest clusters announced by 2026,
+#: so that no real plan is refused, while a typo of three extra zeros gets one line instead of a search or a graph
+#: of millions of nodes).
+MAX_GPUS = 2**20
+
+
+def check_gpu_count(count: int, flag: str = "--gpus") -> None:
+    """Refuse a GPU count above MAX_GPUS with one line."""
+    if count > MAX_GPUS:
+        raise InputError(f"{flag} {count:,} is more than {MAX_GPUS:,}, the most gpufleet plans for (the largest "
+                         "clusters built hold ~10^5 GPUs)")
 
 
 def open_catalog(paths: list[Path] | None) -> Catalog:

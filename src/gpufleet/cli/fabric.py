@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
+from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
 from gpufleet.cli.facility import resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.economics.defaults import facility_defaults
@@ -172,6 +172,7 @@ def register(app: typer.Typer) -> None:
 
         Example: `gpufleet fabric build --gpus 1024 --topology rail-optimized --network ndr400`
         """
+        check_gpu_count(gpus)
         cluster = _cluster(catalog, gpus, topology, network, node, gpu, oversubscription)
         graph = build_graph(cluster)
         bom = bill_of_materials(graph, cluster)

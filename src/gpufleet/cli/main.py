@@ -134,6 +134,9 @@ def run(argv: list[str] | None = None) -> None:
         raise SystemExit(error.exit_code) from None
     except typer.Abort:
         fail("aborted", 130)
+    except MemoryError:  # the up-front size checks should make this rare: still one line, never a traceback
+        fail("ran out of memory: the request is too large for this machine; ask for fewer GPUs or a smaller size",
+             EXIT_USAGE)
     except typer.TyperException as error:  # usage errors from the parser (typer's vendored click)
         ctx = getattr(error, "ctx", None)
         if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:

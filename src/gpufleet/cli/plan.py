@@ -12,7 +12,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from gpufleet.catalog.records import Precision
-from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
+from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
 from gpufleet.cli.output import EXIT_CHECK_FAILED, EXIT_USAGE, Output
 from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
@@ -29,9 +29,6 @@ GIB = 2**30
 DAY_S = 86400.0
 
 
-#: The largest GPU count `plan` accepts (judgement: 16x the largest clusters announced by 2026, so that no real
-#: plan is refused, while a typo of three extra zeros gets one line instead of a minutes-long search).
-MAX_PLAN_GPUS = 2**20
 #: The most GPU counts one sweep plans (each is a full layout search).
 MAX_SWEEP_COUNTS = 64
 
@@ -290,9 +287,7 @@ def register(app: typer.Typer) -> None:
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
         counts = parse_int_list(gpus, "--gpus")
-        if max(counts) > MAX_PLAN_GPUS:
-            raise InputError(f"--gpus {max(counts):,} is more than {MAX_PLAN_GPUS:,}, the most gpufleet plans for "
-                             "(the largest clusters built hold ~10^5 GPUs)")
+        check_gpu_count(max(counts))
         if len(counts) > MAX_SWEEP_COUNTS:
             raise InputError(f"--gpus {gpus!r} sweeps {len(counts):,} GPU counts; at most {MAX_SWEEP_COUNTS} "
                              "(a range LOW-HIGH doubles from LOW; LOW-HIGH:STEP steps by STEP)")
