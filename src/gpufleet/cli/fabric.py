@@ -172,8 +172,8 @@ def register(app: typer.Typer) -> None:
 
         Example: `gpufleet fabric build --gpus 1024 --topology rail-optimized --network ndr400`
         """
-        check_gpu_count(gpus)
-        cluster = _cluster(catalog, gpus, topology, network, node, gpu, oversubscription)
+        cluster = _cluster(catalog, gpus, topology, network, node, gpu, oversubscription)  # the topology's limit
+        check_gpu_count(gpus)  # then gpufleet's, for switches of a radix that would allow millions
         graph = build_graph(cluster)
         bom = bill_of_materials(graph, cluster)
         # No switch power for this network: the facility model's per-switch default (optics included, a judgement
