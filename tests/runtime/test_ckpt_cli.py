@@ -333,6 +333,26 @@ def test_copying_a_root_onto_itself_is_refused(tmp_path: Path) -> None:
     assert snapshot(root) == before
 
 
+def test_copying_a_root_into_itself_or_out_of_a_root_it_contains_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    saved(root, [1, 2])
+    (tmp_path / "link").symlink_to(root)
+    before = snapshot(root)
+    cases = {
+        ("upload", str(root), str(ckpt_dir(root, 2))): "destination is inside the source",
+        ("download", f"file://{root}", f"{root}/sub/dir"): "destination is inside the source",
+        ("upload", str(tmp_path / "link"), f"{root}/x"): "destination is inside the source",
+        ("upload", str(ckpt_dir(root, 2)), str(root)): "source is inside the destination",
+        ("download", f"file://{ckpt_dir(root, 1)}", f"file://{tmp_path}"): "source is inside the destination",
+    }
+    for args, words in cases.items():
+        line = one_line(cli(*args))
+        assert words in line, (args, line)
+    assert snapshot(root) == before and not (root / "sub").exists() and not (root / "x").exists()
+    # a sibling whose name merely starts with the source's is not inside it
+    assert cli("upload", str(root), f"{root}-copy").returncode == 0
+
+
 # -- one line, exit 2 ----------------------------------------------------------------------------------
 
 

@@ -64,17 +64,28 @@ def _destination(where: str) -> tuple[Any, str]:
     return fs, root
 
 
-def _same_place(src_fs: Any, src_root: str, dst_fs: Any, dst_root: str) -> bool:
-    """Whether two roots are one place: the same folder on this disk (links resolved), or the same store URL."""
+def _overlap(src_fs: Any, src_root: str, dst_fs: Any, dst_root: str) -> str | None:
+    """How two roots overlap, or None: the same place, or one folder inside the other on this disk (links resolved;
+    file:// URLs are local), or the same store URL."""
     import os
 
     from gpufleet.runtime.checkpoint.store import is_local
 
     if is_local(src_fs) != is_local(dst_fs):
-        return False
+        return None
     if is_local(src_fs):
-        return os.path.realpath(src_root) == os.path.realpath(dst_root)
-    return bool(src_fs.unstrip_protocol(src_root) == dst_fs.unstrip_protocol(dst_root))
+        src_real, dst_real = os.path.realpath(src_root), os.path.realpath(dst_root)
+        if src_real == dst_real:
+            return "are the same place"
+        common = os.path.commonpath([src_real, dst_real])
+        if common == src_real:
+            return "overlap: the destination is inside the source"
+        if common == dst_real:
+            return "overlap: the source is inside the destination"
+        return None
+    if src_fs.unstrip_protocol(src_root) == dst_fs.unstrip_protocol(dst_root):
+        return "are the same place"
+    return None
 
 
 def _listed(fs: Any, info: CheckpointInfo) -> dict[str, Any]:
@@ -281,9 +292,10 @@ def register(app: typer.Typer) -> None:
         with store_errors(src):
             src_fs, src_root = _open(src)
         with store_errors(dst):
-            if _same_place(src_fs, src_root, *_open_url(dst)):
-                raise InputError(f"source and destination are the same place ({src} and {dst}): give another "
-                                 f"destination root")
+            overlap = _overlap(src_fs, src_root, *_open_url(dst))
+            if overlap is not None:
+                raise InputError(f"source and destination {overlap} ({src} and {dst}): give a destination root "
+                                 f"outside the source (and not containing it)")
         with store_errors(src):
             infos = [i for i in list_checkpoints(src_fs, src_root)
                      if i.has_manifest and (step is None or i.step == step)]
@@ -342,7 +354,7 @@ def register(app: typer.Typer) -> None:
         this checkpoint with files missing or damaged (or a copy of it cut off earlier), and otherwise refused and
         left untouched (a different checkpoint or an unreadable one, a folder holding anything this checkpoint does
         not, a file): nothing else is ever overwritten. A damaged or refused step does not stop the others; the
-        command then exits 1 naming it. Source and destination must be different places.
+        command then exits 1 naming it. Source and destination must be separate places, neither inside the other.
 
         Example: `gpufleet ckpt upload /checkpoints/run7 s3://bucket/run7 --max-mib-per-s 500`
         """
@@ -362,7 +374,8 @@ def register(app: typer.Typer) -> None:
         this checkpoint with files missing or damaged (or a copy of it cut off earlier), and otherwise refused and
         left untouched (a different checkpoint or an unreadable one, a folder holding anything this checkpoint does
         not, a file); an interrupted download leaves the destination as it was. A damaged or refused step does not
-        stop the others; the command then exits 1. Source and destination must be different places.
+        stop the others; the command then exits 1. Source and destination must be separate places, neither inside
+        the other.
 
         Example: `gpufleet ckpt download s3://bucket/run7 /checkpoints/run7 --step 1200`
         """
