@@ -302,7 +302,22 @@ def test_check_notes_files_and_folders_that_add_nothing(tmp_path: Path) -> None:
     empty_folder.mkdir()
     notes = Catalog(user_paths=(empty_file, empty_folder)).check()
     assert sorted(notes) == [f"catalog file {empty_file} adds nothing (empty)",
-                             f"catalog folder {empty_folder} adds nothing (no .yaml files in it)"]
+                             f"catalog folder {empty_folder} adds nothing (no .yaml or .yml files in it)"]
+
+
+def test_check_notes_once_per_catalog(tmp_path: Path) -> None:
+    empty_file = tmp_path / "empty.yaml"
+    empty_file.write_text("", encoding="utf-8")
+    catalog = Catalog(user_paths=(empty_file,))
+    assert len(catalog.check()) == 1 and catalog.check() == []  # a command that opens it twice warns once
+
+
+@pytest.mark.parametrize("bad_id", ["[a, b]", "{a: 1}"])
+def test_an_id_that_is_not_text_is_one_catalog_error(tmp_path: Path, bad_id: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"gpus:\n  - id: {bad_id}\n    source: a test\n", encoding="utf-8")
+    with pytest.raises(CatalogError, match="gpus entry"):
+        Catalog(user_paths=(bad,)).check()
 
 
 def test_the_builtin_catalog_passes_its_own_check(catalog: Catalog) -> None:

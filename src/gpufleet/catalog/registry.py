@@ -104,6 +104,7 @@ class Catalog:
     _records: dict[str, dict[str, Record]] = field(default_factory=dict, repr=False)
     _origins: dict[tuple[str, str], Path] = field(default_factory=dict, repr=False)
     _empty_user_paths: list[Path] = field(default_factory=list, repr=False)
+    _checked: bool = field(default=False, repr=False)
 
     def _raw_entries(self) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
         if self._raw is None:
@@ -122,14 +123,15 @@ class Catalog:
                 for kind, entries in document.items():
                     if not isinstance(entries, list):
                         raise CatalogError(f"catalog file {path}: '{kind}' must be a list of records")
-                    ids_here: set[object] = set()
+                    ids_here: set[str | None] = set()
                     for entry in entries:
                         if not isinstance(entry, dict):
                             raise CatalogError(f"catalog file {path}: every item of '{kind}' must be a mapping")
-                        if "id" in entry and entry["id"] in ids_here:
-                            raise CatalogError(f"catalog file {path}: {kind} id {entry['id']!r} appears twice "
+                        record_id = entry.get("id")
+                        if isinstance(record_id, str) and record_id in ids_here:
+                            raise CatalogError(f"catalog file {path}: {kind} id {record_id!r} appears twice "
                                                "(one entry per id and file)")
-                        ids_here.add(entry.get("id"))
+                        ids_here.add(record_id if isinstance(record_id, str) else None)  # validation names the rest
                         raw.setdefault(str(kind), []).append((path, entry))
             self._raw = raw
         return self._raw
@@ -159,7 +161,10 @@ class Catalog:
 
     def check(self) -> list[str]:
         """Validate every kind and every reference between records now, so that a broken user file fails
-        whichever command reads it; returns notes on user files and folders that add nothing."""
+        whichever command reads it; returns notes on user files and folders that add nothing (once: a later call
+        on the same, cached catalog returns none)."""
+        if self._checked:
+            return []
         for kind in KINDS:
             self.records(kind)
         for kind, field_name, target in REFERENCES:
@@ -172,8 +177,10 @@ class Catalog:
                     raise CatalogError(f"catalog file {path}: {kind} entry {record_id!r}: {what} names no "
                                        f"{_SINGULAR[target]} in the catalog; "
                                        f"known: {', '.join(sorted(known))}")
+        self._checked = True
         return [f"catalog {'folder' if path.is_dir() else 'file'} {path} adds nothing"
-                + (" (no .yaml files in it)" if path.is_dir() else " (empty)") for path in self._empty_user_paths]
+                + (" (no .yaml or .yml files in it)" if path.is_dir() else " (empty)")
+                for path in self._empty_user_paths]
 
     def get(self, kind: str, name: str, record_type: type[R]) -> R:
         """One record by id, or UnknownNameError with the nearest ids."""

@@ -118,8 +118,19 @@ _PLAIN_PARSE_ERRORS = {
 }
 
 
+def _reject_empty_option_values(args: list[str]) -> None:
+    """`--catalog ""` or `--runs=` would reach the command as Path('.') (the current folder), which cannot be told
+    from a real '.' afterwards: an empty value after an option is refused on the command line itself."""
+    for previous, token in zip(["", *args], args, strict=False):
+        if token.startswith("--") and token.endswith("=") and len(token) > 3:
+            fail(f"{token[:-1]} must not be empty", EXIT_USAGE)
+        if not token.strip() and previous.startswith("-") and "=" not in previous:
+            fail(f"{previous} must not be empty", EXIT_USAGE)
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
+    _reject_empty_option_values(sys.argv[1:] if argv is None else argv)
     app = build_app()
     command = typer.main.get_command(app)
     _reject_meaningless_values(command)
