@@ -231,6 +231,12 @@ def spray_paths(graph: FabricGraph, start: IntArray, goal: IntArray
     return np.concatenate(links), np.concatenate(owners), np.concatenate(weights), latency
 
 
+def relay_gpu(graph: FabricGraph, src_node: IntArray | int, dst: IntArray) -> IntArray:
+    """The GPU of `src_node` that relays (PXN) a flow to GPU `dst` on another node: the one on dst's rail (the
+    same local index), or the node's last GPU when it has fewer. Element-wise over arrays."""
+    return graph.node_first_gpu[src_node] + np.minimum(graph.local_of_gpu[dst], graph.node_gpus[src_node] - 1)
+
+
 def route(graph: FabricGraph, src: IntArray, dst: IntArray, mode: RoutingMode = "ecmp", seed: int = 0) -> Routes:
     """Routes for flows src[i] -> dst[i] (GPU ids; src != dst)."""
     if mode not in ROUTING_MODES:
@@ -267,7 +273,7 @@ def route(graph: FabricGraph, src: IntArray, dst: IntArray, mode: RoutingMode = 
     s, d = src[~same], dst[~same]
     if len(f):
         src_node = graph.node_of_gpu[s]
-        relay = graph.node_first_gpu[src_node] + np.minimum(graph.local_of_gpu[d], graph.node_gpus[src_node] - 1)
+        relay = relay_gpu(graph, src_node, d)
         rail_nic = graph.nic_of_gpu[relay]
         hop = relay != s
         hs, hr, hf = s[hop], relay[hop], f[hop]

@@ -60,7 +60,7 @@ from gpufleet.fabric.graph import (
     estimate_fabric_size,
 )
 from gpufleet.fabric.placement import GroupSpan, Placement, dealt_in_turn
-from gpufleet.fabric.routing import RoutingMode, route, spans, spray_paths, switch_hops
+from gpufleet.fabric.routing import RoutingMode, relay_gpu, route, spans, spray_paths, switch_hops
 from gpufleet.fabric.topology import Cluster
 from gpufleet.fabric.trees import double_binary_tree
 
@@ -394,13 +394,13 @@ def _hierarchical(graph: FabricGraph, size: float, members: IntArray) -> list[Ph
 def _pairwise_plan(n: int) -> list[tuple[IntArray, float]]:
     """The shifts of each all-to-all phase that is solved over n ranks, and how many phases each stands for."""
     per_phase = max(1, MAX_CONCURRENT_FLOWS // n)  # shifts posted together (NCCL groups every peer)
-    groups = [np.arange(start, min(n, start + per_phase)) for start in range(1, n, per_phase)]
+    starts = range(1, n, per_phase)
+    picked: Sequence[int] = range(len(starts))
     weight = 1.0
-    if len(groups) > MAX_ALL_TO_ALL_STEPS:
-        picked = np.unique(np.linspace(0, len(groups) - 1, MAX_ALL_TO_ALL_STEPS).round().astype(np.int64))
-        weight = len(groups) / len(picked)
-        groups = [groups[int(i)] for i in picked]
-    return [(shifts, weight) for shifts in groups]
+    if len(starts) > MAX_ALL_TO_ALL_STEPS:  # only the picked phases are built: cheap for a million ranks too
+        picked = np.unique(np.linspace(0, len(starts) - 1, MAX_ALL_TO_ALL_STEPS).round().astype(np.int64)).tolist()
+        weight = len(starts) / len(picked)
+    return [(np.arange(starts[i], min(n, starts[i] + per_phase)), weight) for i in picked]
 
 
 def _pairwise_phase(size: float, ranks: IntArray, shifts: IntArray, weight: float) -> Phase:
@@ -552,17 +552,6 @@ class SimWork:
         return sum(self.phase_flows)
 
 
-def _pairwise_phase_flows(n: int) -> list[int]:
-    """Flows of each solved all-to-all phase of one group of n ranks, as `_pairwise_plan` builds them."""
-    per_phase = max(1, MAX_CONCURRENT_FLOWS // n)
-    phases = math.ceil((n - 1) / per_phase)
-    last = (n - 1) - per_phase * (phases - 1)
-    picked = range(phases)
-    if phases > MAX_ALL_TO_ALL_STEPS:
-        picked = np.unique(np.linspace(0, phases - 1, MAX_ALL_TO_ALL_STEPS).round().astype(np.int64)).tolist()
-    return [n * (last if i == phases - 1 else per_phase) for i in picked]
-
-
 def _phases(op: Op, algorithm: Algorithm, shape: GroupShape) -> list[tuple[int, int]]:
     """(flows, pairs of nodes its flows between nodes join, at most) of every phase the simulator solves, all
     groups together. Ranks are numbered node by node in every placement, so a node's k ranks shifted by
@@ -575,9 +564,9 @@ def _phases(op: Op, algorithm: Algorithm, shape: GroupShape) -> list[tuple[int, 
     across = m > 1
     if op == "all-to-all":
         phases = []
-        for flows in _pairwise_phase_flows(n):
-            shifts = flows // n
-            phases.append((g * flows, g * m * min(m - 1, (shifts + 2 * k - 3) // k + 1) if across else 0))
+        for shift_ids, _ in _pairwise_plan(n):  # at most MAX_ALL_TO_ALL_STEPS small arrays, whatever n
+            shifts = len(shift_ids)
+            phases.append((g * n * shifts, g * m * min(m - 1, (shifts + 2 * k - 3) // k + 1) if across else 0))
         return phases
     if op == "send-recv":
         return [(g * (n // 2), g * min(n // 2, m) if across else 0)]  # half the nodes send, to two nodes each
@@ -616,6 +605,11 @@ def estimate_work(op: Op, algorithm: Algorithm, routing: RoutingMode, shape: Gro
     one leaf pair per rail), each over the spray path's links; and rounds of progressive filling, each
     scanning the links: rounds = fraction x sqrt(F x L) (at most F and L; the fraction depends on routing and
     collective). Memory: the graph, and the largest phase's flows and spray paths.
+
+    The path-length part assumes consecutive ranks mostly share a pod, so a ring's or tree's paths mostly
+    stay in one (true of `ranks_for_span`'s rank orders, which `shape_of_span` describes). `simulate_ranks`
+    takes any rank order: one that jumps between pods at every rank (e.g. a random permutation, from library
+    code) builds longer spray paths and may cost more than estimated here, past the limits `check_work` keeps.
     """
     family = op if op in ("all-to-all", "send-recv") else "ring"
     links = fabric.links
@@ -702,7 +696,7 @@ def fabric_size(graph: FabricGraph) -> FabricSize:
     local = np.arange(int(graph.node_gpus[0]))
     for other in sorted({1, 2, graph.nodes // 2, graph.nodes - 1} & set(range(1, graph.nodes))):
         dst = graph.node_first_gpu[other] + local[local < graph.node_gpus[other]]
-        relay = graph.node_first_gpu[0] + np.minimum(local[: len(dst)], graph.node_gpus[0] - 1)  # as `route` relays
+        relay = relay_gpu(graph, 0, dst)
         pairs = set(zip(graph.leaf_of_nic[graph.nic_of_gpu[relay]].tolist(),
                         graph.leaf_of_nic[graph.nic_of_gpu[dst]].tolist(), strict=True))
         fanout = max(fanout, len(pairs))
