@@ -267,7 +267,8 @@ def test_a_sweep_labels_a_count_with_no_legal_layout_apart_from_one_that_does_no
 
 @pytest.mark.parametrize(("gpus", "message"), [
     ("10000000", "--gpus 10,000,000 is more than 1,048,576"),
-    ("1-1000000:1", "sweeps 1,000,000 GPU counts; at most 64"),
+    ("1-1000000:1", "names 1,000,000 values; at most 64"),
+    ("1-1000000000:1", "names 1,000,000,000 values; at most 64"),  # counted, never built (it would take ~40 GB)
 ])
 def test_absurd_gpu_counts_are_refused_at_once(gpus: str, message: str) -> None:
     assert message in one_error_line(gpufleet("plan", "-n", gpus, timeout=30))
@@ -305,6 +306,9 @@ def test_run_file_defects_are_one_line(tmp_path: object) -> None:
     binary = Path(str(tmp_path)) / "runs.yaml"
     binary.write_bytes(b"- id: \xff\xfe\x00")
     assert "not UTF-8" in one_error_line(gpufleet("validate", "--runs", str(binary)))
+    empty = Path(str(tmp_path)) / "empty.yaml"
+    empty.write_text("[]\n", encoding="utf-8")
+    assert "holds no runs" in one_error_line(gpufleet("validate", "--runs", str(empty)))
     twice = Path(str(tmp_path)) / "twice.yaml"
     twice.write_text(yaml.safe_dump([_first_shipped_run()] * 2), encoding="utf-8")
     assert "appears twice" in one_error_line(gpufleet("validate", "--runs", str(twice)))

@@ -69,9 +69,10 @@ def parse_ratio(text: str, what: str = "oversubscription") -> float:
     return value
 
 
-def parse_int_list(text: str, what: str = "list") -> list[int]:
+def parse_int_list(text: str, what: str = "list", most: int | None = None) -> list[int]:
     """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> doublings from 64 to 512; '64-1000' -> 64 ... 512 and 1000
-    (the top end is always included); '64-512:64' -> step 64. Each count appears once."""
+    (the top end is always included); '64-512:64' -> step 64. Each count appears once. With `most`, more values
+    than that are refused before any list is built (a stepped range can name billions)."""
     values: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -84,7 +85,10 @@ def parse_int_list(text: str, what: str = "list") -> list[int]:
                 step = int(range_match.group(3))
                 if step <= 0:
                     raise InputError(f"{what} step in {part!r} must be positive")
-                values.extend(range(low, high + 1, step))
+                stepped = range(low, high + 1, step)
+                if most is not None and len(values) + len(stepped) > most:
+                    raise InputError(f"{what} {text!r} names {len(values) + len(stepped):,} values; at most {most}")
+                values.extend(stepped)
             else:
                 value = low
                 while value <= high:
@@ -96,4 +100,6 @@ def parse_int_list(text: str, what: str = "list") -> list[int]:
         else:
             where = f" (entry {part!r})" if part != text.strip() else ""
             raise InputError(f"{what} {text!r}{where} must be a positive integer, a list 64,128 or a range 64-1024")
+        if most is not None and len(values) > most:
+            raise InputError(f"{what} {text!r} names more than {most} values; at most {most}")
     return list(dict.fromkeys(values))  # each count once, in the order given

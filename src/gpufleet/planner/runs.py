@@ -121,6 +121,8 @@ def load_runs(path: Path | None = None) -> list[PublishedRun]:
     document = read_yaml(path, "run file")
     if not isinstance(document, list):
         raise CatalogError(f"run file {path} must be a YAML list of runs (schema: docs/runs.md)")
+    if not document:
+        raise CatalogError(f"run file {path} holds no runs (schema: docs/runs.md)")
     runs: list[PublishedRun] = []
     seen: set[str] = set()
     for index, entry in enumerate(document):
