@@ -373,3 +373,51 @@ def test_a_save_moves_what_is_not_a_checkpoint_aside_and_replaces_an_earlier_sav
     assert len(_set_aside(tmp_path, 5)) == 1
     assert same_state(manager.load(5), expected_state(6))
     manager.close()
+
+
+class _Crash(RuntimeError):
+    """Stands for the process dying while the superseded copy is being deleted."""
+
+
+def _crash_while_deleting_trash(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).name.startswith(".trash-"):
+            raise _Crash(f"killed while deleting {path}")
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+
+
+def test_a_crash_while_deleting_a_superseded_save_keeps_the_new_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(expected_state(5), 5, blocking=True)
+    with monkeypatch.context() as patch:
+        _crash_while_deleting_trash(patch)
+        with pytest.raises(CheckpointError):  # the "crash" is reported; what matters is what is on disk
+            manager.save(expected_state(6), 5, blocking=True)  # the same step again: the old one is superseded
+    manager.close()
+    restarted = CheckpointManager(tmp_path)  # its start-up sweep deletes hidden .tmp- and .trash- folders
+    assert verify_checkpoint(_local_fs(), str(tmp_path / step_dirname(5))).ok
+    assert same_state(restarted.load(5), expected_state(6))
+    restarted.close()
+
+
+def test_a_crash_while_deleting_a_replaced_copy_keeps_the_new_copy(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpufleet.runtime.checkpoint.store import TransferPolicy, install_checkpoint
+
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    manager = CheckpointManager(source)
+    manager.save(expected_state(5), 5, blocking=True)
+    manager.close()
+    shutil.copytree(source / step_dirname(5), dest / step_dirname(5))
+    flip_bit(dest / step_dirname(5) / "__0_0.distcp", 4000)  # a damaged copy: repaired by the install below
+    fs = _local_fs()
+    with monkeypatch.context() as patch:
+        _crash_while_deleting_trash(patch)
+        with pytest.raises(_Crash):
+            install_checkpoint(fs, str(source / step_dirname(5)), fs, str(dest / step_dirname(5)), TransferPolicy())
+    assert verify_checkpoint(fs, str(dest / step_dirname(5))).ok

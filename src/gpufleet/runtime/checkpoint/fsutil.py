@@ -1,4 +1,5 @@
-"""Durable file-system steps: fsync a file or a directory, atomic replace, delete by rename first, move aside."""
+"""Durable file-system steps: fsync a file or a directory, atomic replace (of a file or a directory), delete by
+rename first, move aside."""
 
 from __future__ import annotations
 
@@ -52,6 +53,28 @@ def remove_tree(path: Path) -> None:
     os.rename(path, trash)
     fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def replace_dir(new: Path, final: Path) -> None:
+    """Put the directory `new` at `final` (a sibling), replacing whatever directory is there, and delete the old one
+    only once the new one is durably in place.
+
+    The old `final` is renamed to a hidden trash name, `new` renamed to `final`, the parent fsynced, and only then is
+    the trash deleted: a crash at any point leaves the old or the new directory under `final` except in the instant
+    between the two renames (never during the slow delete). A symlink at `final` is moved and unlinked, never followed.
+    """
+    if not os.path.lexists(final):
+        os.rename(new, final)
+        fsync_dir(final.parent)
+        return
+    trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
+    os.rename(final, trash)
+    os.rename(new, final)
+    fsync_dir(final.parent)
+    if trash.is_symlink() or not trash.is_dir():
+        trash.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def move_aside(path: Path) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, move_aside, remove_tree
+from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, move_aside, remove_tree, replace_dir
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_stream
 from gpufleet.runtime.checkpoint.names import (
     LATEST_NAME,
@@ -348,13 +348,10 @@ class CheckpointManager:
         atomic_write(tmp / MANIFEST_NAME, manifest.to_json())
         fsync_dir(tmp)
         final = self.root / step_dirname(step)
-        if os.path.lexists(final):
-            if _is_complete_checkpoint(final):
-                remove_tree(final)  # an earlier save of this very step, superseded
-            else:
-                _set_aside(final, f"saving step {step}", "it is not a complete checkpoint")
-        os.rename(tmp, final)
-        fsync_dir(self.root)
+        if os.path.lexists(final) and not _is_complete_checkpoint(final):
+            _set_aside(final, f"saving step {step}", "it is not a complete checkpoint")
+        # an earlier complete save of this very step is superseded: deleted only once the new one is in place
+        replace_dir(tmp, final)
         atomic_write(self.root / LATEST_NAME, f"{final.name}\n".encode())
         self._durable_at_s = time.perf_counter()
         self._retain()

@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +23,9 @@ from typing import Any, TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransferError
-from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file
+from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, replace_dir
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
-from gpufleet.runtime.checkpoint.names import TMP_PREFIX, TRASH_PREFIX, join, parse_step
+from gpufleet.runtime.checkpoint.names import TMP_PREFIX, join, parse_step
 from gpufleet.runtime.checkpoint.verify import (
     NOT_A_FOLDER,
     check_complete,
@@ -336,11 +335,7 @@ def _rename_into_place(fs: Any, tmp: Path, final: Path, state: str, manifest: Ma
     now, _ = _existing(fs, str(final), manifest)
     if now != state:
         raise CheckpointError(f"{final} changed while copying; {_LEFT_AS_IS}")
-    trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
-    os.rename(final, trash)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    replace_dir(tmp, final)
 
 
 def delete_checkpoint(fs: Any, path: str) -> None:
