@@ -273,6 +273,28 @@ def test_a_destination_step_that_is_not_this_checkpoint_is_refused_and_left_unto
     assert verify_checkpoint(_local_fs(), str(ckpt_dir(dest, 200))).ok
 
 
+@pytest.mark.parametrize("target", ["a cut-off copy elsewhere", "nothing (a broken link)"])
+def test_a_symlinked_destination_step_is_refused_and_left_as_it_is(tmp_path: Path, target: str) -> None:
+    source, dest, elsewhere = tmp_path / "source", tmp_path / "dest", tmp_path / "elsewhere"
+    saved(source, [100, 200])
+    if target.startswith("a cut-off"):  # what would otherwise pass for a partial copy, and be replaced
+        elsewhere.mkdir()
+        shutil.copy2(ckpt_dir(source, 100) / ".metadata", elsewhere / ".metadata")
+    dest.mkdir()
+    link = ckpt_dir(dest, 100)
+    link.symlink_to(elsewhere)
+    before = snapshot(elsewhere) if elsewhere.exists() else None
+    proc = cli("download", str(source), str(dest), "--json")
+    line = one_line(proc, code=1)
+    assert "step 100" in line and "symbolic link" in line, line
+    result = json.loads(proc.stdout)
+    assert [item["step"] for item in result["not_copied"]] == [100]
+    assert [item["step"] for item in result["copied"]] == [200]
+    assert link.is_symlink() and os.readlink(link) == str(elsewhere)
+    assert (snapshot(elsewhere) if elsewhere.exists() else None) == before
+    assert not [p.name for p in dest.iterdir() if p.name.startswith(".")]  # no hidden .trash- link left behind
+
+
 def test_a_copy_cut_off_earlier_is_completed_from_the_same_checkpoint(tmp_path: Path) -> None:
     # every file there is one of this checkpoint's, byte for byte: replacing it loses nothing
     source, dest = tmp_path / "source", tmp_path / "dest"

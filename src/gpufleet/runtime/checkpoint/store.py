@@ -243,10 +243,12 @@ def _existing(fs: Any, path: str, manifest: Manifest) -> tuple[str, str | None]:
     absent; same (this checkpoint, every byte verified: nothing to do); repair (this checkpoint's manifest and nothing
     it does not list, but files missing or failing their checksums: replaced); partial (no manifest, and every file
     there is one of this checkpoint's, byte for byte: a copy cut off earlier, replaced); refused (a file, a folder
-    holding anything this checkpoint does not, a manifest that cannot be read, a different checkpoint: never
-    touched), with `refusal` saying which.
+    holding anything this checkpoint does not, a manifest that cannot be read, a different checkpoint, a symbolic link
+    on a local disk: never touched), with `refusal` saying which.
     """
     fs.invalidate_cache()
+    if is_local(fs) and os.path.islink(path):  # never followed, replaced or deleted (a broken one included)
+        return "refused", f"{path} is a symbolic link, not a checkpoint folder; {_LEFT_AS_IS}"
     if not fs.exists(path):
         return "absent", None
     step = manifest.step
