@@ -10,10 +10,11 @@ from gpufleet.errors import InputError
 _COUNT_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _BYTES_SUFFIX = {
     "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50,
 }
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 _DURATION_SUFFIX = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
 
@@ -37,12 +38,38 @@ def parse_count(text: str, what: str = "count") -> float:
     return _positive_finite(value, text, what)
 
 
-def parse_bytes(text: str, what: str = "size") -> float:
-    """'1GiB' -> 2**30, '4GB' -> 4e9, '512M' -> 512 MiB. Must be > 0."""
+def format_bytes(value: float) -> str:
+    """A byte count in binary units to about three significant digits: 1 -> '1 B', 1536 -> '1.5 KiB',
+    2**30 -> '1 GiB', 1023.999 KiB -> '1 MiB' (never '1024 KiB'), 2**40 -> '1 TiB'; negative ones alike."""
+    if not math.isfinite(value):
+        return f"{value} B"
+    for power, unit in enumerate(_BINARY_UNITS):
+        scaled = value / 1024**power
+        decimals = 0 if abs(scaled) >= 100 else 1 if abs(scaled) >= 10 else 2
+        text = f"{scaled:.{decimals}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+        if abs(float(text)) < 1024:
+            return f"{text} {unit}"
+    return f"{value / 1024 ** (len(_BINARY_UNITS) - 1):.3g} {_BINARY_UNITS[-1]}"  # 1e30 -> '8.67e+11 EiB'
+
+
+def parse_bytes(text: str, what: str = "size", *, least_bytes: float | None = None, most_bytes: float | None = None,
+                note: str = "") -> float:
+    """'1GiB' -> 2**30, '4GB' -> 4e9, '512M' -> 512 MiB, '1PB' -> 1e15 (K/M/G/T/P alone are binary). Must be > 0,
+    and from `least_bytes` to `most_bytes` where given: outside them it is refused in one line, "WHAT TEXT is
+    2 TiB; it must be at most 1 TiB", with `; note` after it where given."""
     match = re.fullmatch(_NUMBER + r"\s*([a-z]*)", text.strip().lower())
     if not match or match.group(2) not in _BYTES_SUFFIX:
         raise InputError(f"{what} {text!r} is not a byte size such as 1GiB, 512MiB, 4GB")
     value = float(match.group(1)) * _BYTES_SUFFIX[match.group(2)]
+    bound = None  # (the bound it is outside, "least" or "most")
+    if least_bytes is not None and value < least_bytes:
+        bound = (least_bytes, "least")
+    elif most_bytes is not None and value > most_bytes and math.isfinite(value):
+        bound = (most_bytes, "most")
+    if bound is not None:
+        raise InputError(f"{what} {text.strip()} is {format_bytes(value)}; it must be at {bound[1]} "
+                         f"{format_bytes(bound[0])}{f'; {note}' if note else ''}")
     return _positive_finite(value, text, what)
 
 

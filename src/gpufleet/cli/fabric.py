@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,37 +31,14 @@ from gpufleet.fabric.simulate import (
 )
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
 from gpufleet.report.plots import PLOT_SUFFIXES, Series, check_output_path, write_series_plot
-from gpufleet.units import parse_bytes, parse_int_list, parse_ratio
+from gpufleet.units import format_bytes, parse_bytes, parse_int_list, parse_ratio
 
 #: Buffer per rank `fabric simulate` takes: 1 byte to 1 TiB. The top is 3.5x the largest GPU memory in the
 #: catalog (288 GiB), so every buffer a GPU can hold fits; a larger one cannot be a real rank's buffer, and
 #: the simulated time only scales with it (1e30 bytes used to print a time of 10^17 seconds).
 MIN_SIZE_BYTES = 1
 MAX_SIZE_BYTES = 2**40
-_PETA = {"p": 2**50, "pib": 2**50, "pb": 10**15}  # understood (to say they are too large), never in range
-
-
-def _human_bytes(value: float) -> str:
-    """1 -> '1 B', 1536 -> '1.5 KiB', 2**30 -> '1 GiB'."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= scale:
-            return f"{value / scale:.4g} {unit}"
-    return f"{value:.4g} B"
-
-
-def parse_size(text: str) -> float:
-    """A --size entry: bytes (a bare number) or a number with a unit (KiB ... TiB, KB ... TB), 1 B to 1 TiB."""
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)", text.strip().lower())
-    if match and match.group(2) in _PETA:
-        value = float(match.group(1)) * _PETA[match.group(2)]
-    elif match and float(match.group(1)) == 0:
-        value = 0.0
-    else:
-        value = parse_bytes(text, "--size")
-    if not MIN_SIZE_BYTES <= value <= MAX_SIZE_BYTES:
-        raise InputError(f"--size {text.strip()} is {_human_bytes(value)} per rank; the simulator takes 1 byte "
-                         "(a bare number is bytes) to 1 TiB per rank, e.g. 1GiB")
-    return value
+_SIZE_RANGE = "the simulator takes 1 byte (a bare number is bytes) to 1 TiB per rank, e.g. 1GiB"
 
 
 def _gbps(value: float) -> str:
@@ -246,7 +222,8 @@ def register(app: typer.Typer) -> None:
         place = cast(Placement, _choice(placement, ("block", "scatter"), "--placement"))
         algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "--algorithm"))
         mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "--routing")) if routing else None
-        sizes = [parse_size(s) for s in size.split(",")]
+        sizes = [parse_bytes(s, "--size", least_bytes=MIN_SIZE_BYTES, most_bytes=MAX_SIZE_BYTES, note=_SIZE_RANGE)
+                 for s in size.split(",")]
         counts = parse_int_list(gpus, "--gpus")
         if min(counts) < 2:
             raise InputError(f"--gpus {min(counts)}: a collective needs a group of at least 2 GPUs")
@@ -271,7 +248,7 @@ def register(app: typer.Typer) -> None:
             for row in rows:
                 neck = ", ".join(f"{b['tier']} ×{b['links']}" for b in row["bottlenecks"])
                 table.add_row(str(row["gpus"]), row["network"], f"{row['topology']} {row['oversubscription']:g}:1",
-                              _human_bytes(row["size_bytes"]), row["algorithm"], f"{row['time_s'] * 1e3:.2f}",
+                              format_bytes(row["size_bytes"]), row["algorithm"], f"{row['time_s'] * 1e3:.2f}",
                               _gbps(row["algbw_gbps"]), _gbps(row["busbw_gbps"]),
                               _gbps(row["analytical_busbw_gbps"]), neck)
             console.print(table)
