@@ -327,6 +327,7 @@ def test_validate_says_why_a_runs_layout_is_invalid(tmp_path: object) -> None:
     # nothing could be predicted: a failed check (exit 1), the JSON still says why, and stderr says so once
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: none of the 1 runs could be predicted") and done.stderr.count("\n") == 1
+    assert json.loads(done.stdout)["error"] == done.stderr.strip().removeprefix("error: ")
     (row,) = json.loads(done.stdout)["runs"]
     gpus = run["hardware"]["num_gpus"]
     assert row["status"] == "skipped" and f"= {7 * run['layout']['tp'] * run['layout']['pp']}" in row["reason"]
@@ -494,6 +495,7 @@ def test_rank_by_cost_without_a_cost_fails_instead_of_ranking_by_time() -> None:
     (["plan", "-n", "64", "--budget", "1"], "budget"),
     (["plan", "-n", "16,64", "--deadline", "1h"], "no GPU count in the sweep meets the deadline of 1.0 h"),
     (["reliability", "--gpus", "1024", "--params", "70B", "--restart-min", "1e300"], "cannot make progress"),
+    (["memory", "-m", "llama3-405b", "-g", "h100-sxm", "-n", "8"], "does not fit: stage 0 needs"),
 ])
 def test_a_failed_check_exits_1_with_one_stderr_line_and_json_all_the_same(args: list[str], reason: str) -> None:
     # scripts tell "the check failed" (exit 1, a JSON document saying why) from "it crashed" (no JSON)

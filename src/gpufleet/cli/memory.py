@@ -11,7 +11,7 @@ from rich.table import Table
 
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
-from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 from gpufleet.fabric.topology import node_as_used
 from gpufleet.parallel.layout import (
@@ -211,22 +211,22 @@ def register(app: typer.Typer) -> None:
                     f" GiB ({HOST_RAM_USABLE_FRACTION:.0%} of its {node.cpu_ram_gib:g} GiB RAM)"
                 )
 
-        out.emit(data, render)
         if not host_fits:
-            out.fail(
+            out.check_failed(
                 f"does not fit: the offloaded tensors need {data['host_bytes_per_node'] / GIB:,.0f} GiB of pinned "
                 f"memory per {node.id} node but {data['host_budget_bytes_per_node'] / GIB:,.0f} GiB is usable; "
                 + ("offload fewer layers or use more GPUs" if layout.offload_activation_layers else
                    "shard the optimizer (--sharding zero1/zero3) or use more GPUs"),
-                EXIT_CHECK_FAILED,
+                data, render,
             )
         if data["peak_bytes"] > data["hbm_bytes"]:
             peak = stages[data["peak_stage"]].as_dict()
             largest = max(peak, key=lambda kind: peak[kind])
-            out.fail(
+            out.check_failed(
                 f"does not fit: stage {data['peak_stage']} needs {data['peak_bytes'] / GIB:.1f} GiB per GPU "
                 f"but {gpu_spec.id} has {data['hbm_bytes'] / GIB:.1f} GiB (largest part: {largest} "
                 f"{peak[largest] / GIB:.1f} GiB; try more tp/pp, --sharding, --recompute or a smaller "
                 "--micro-batch)",
-                EXIT_CHECK_FAILED,
+                data, render,
             )
+        out.emit(data, render)

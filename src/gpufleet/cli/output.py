@@ -89,11 +89,11 @@ class Output:
         """One line on stderr, then exit with `code`."""
         fail(message, code)
 
-    def check_failed(self, message: str, data: dict[str, Any] | None = None) -> NoReturn:
-        """A check the user asked for failed (exit 1): the reason as one line on stderr and, in --json mode, a
-        JSON document on stdout all the same (`data` plus `error`), so a script can tell it from a crash."""
-        if self.json_mode:
-            self.emit({**(data or {}), "error": " ".join(message.split())}, lambda console: None)
+    def check_failed(self, message: str, data: dict[str, Any] | None = None,
+                     render: Callable[[Console], None] | None = None) -> NoReturn:
+        """A check the user asked for failed (exit 1): `render` for people (nothing if None), or in --json mode
+        `data` plus `error` on stdout, so a script can tell it from a crash; then the reason as one stderr line."""
+        self.emit({**(data or {}), "error": " ".join(message.split())}, render or (lambda console: None))
         fail(message, EXIT_CHECK_FAILED)
 
     def exit(self, code: int) -> NoReturn:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpufleet.catalog.records import Precision
 from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
-from gpufleet.cli.output import EXIT_CHECK_FAILED, EXIT_USAGE, Output
+from gpufleet.cli.output import EXIT_USAGE, Output
 from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
@@ -471,12 +471,8 @@ def register(app: typer.Typer) -> None:
                     console.print(f"cheapest plan meeting it: [bold]{cheap['gpus']} GPUs[/bold] on {cheap['offer']}, "
                                   f"${cheap['usd']:,.0f}")
 
-        missed = None
         if deadline_s is not None and chosen is None:
             fastest = min((row for row in rows if row["fits"]), key=lambda row: row["time_to_train_s"])
-            missed = (f"no GPU count in the sweep meets the deadline of {_days(deadline_s)}; the fastest, "
-                      f"{fastest['gpus']} GPUs, takes {_days(fastest['time_to_train_s'])}")
-            data["error"] = missed
+            out.check_failed(f"no GPU count in the sweep meets the deadline of {_days(deadline_s)}; the fastest, "
+                             f"{fastest['gpus']} GPUs, takes {_days(fastest['time_to_train_s'])}", data, render)
         out.emit(data, render)
-        if missed is not None:
-            out.fail(missed, EXIT_CHECK_FAILED)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
-from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 
 
@@ -109,8 +109,8 @@ def register(app: typer.Typer) -> None:
 
                 render_ranking(console, ranking)
 
-        out.emit(data, render)
-        if loaded and not any(p.predicted_tokens_per_s_per_gpu for p in predictions):
+        if not any(p.predicted_tokens_per_s_per_gpu for p in predictions):
             first = next((p for p in predictions if p.reason), predictions[0])
-            out.fail(f"none of the {len(loaded)} runs could be predicted (first: {first.id}: "
-                     f"{first.reason or 'skipped'})", EXIT_CHECK_FAILED)
+            out.check_failed(f"none of the {len(loaded)} runs could be predicted (first: {first.id}: "
+                             f"{first.reason or 'skipped'})", data, render)
+        out.emit(data, render)
