@@ -421,3 +421,28 @@ def test_a_crash_while_deleting_a_replaced_copy_keeps_the_new_copy(tmp_path: Pat
         with pytest.raises(_Crash):
             install_checkpoint(fs, str(source / step_dirname(5)), fs, str(dest / step_dirname(5)), TransferPolicy())
     assert verify_checkpoint(fs, str(dest / step_dirname(5))).ok
+
+
+def test_an_os_error_installing_one_step_does_not_stop_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    saved(source, [100, 200], keep_last=10)
+    real = os.rename
+
+    def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(dst).name == step_dirname(100):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dst))
+        real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(SystemExit) as done:
+        cli_run(["ckpt", "download", str(source), str(dest), "--json"])
+    assert done.value.code == 1
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert [item["step"] for item in result["copied"]] == [200]  # the step after the failed one still went across
+    assert [item["step"] for item in result["not_copied"]] == [100]
+    reason = result["not_copied"][0]["reason"]
+    assert str(dest / step_dirname(100)) in reason and "Permission denied" in reason, reason
+    assert "Traceback" not in captured.err and captured.err.count("\n") == 1
+    assert not (dest / step_dirname(100)).exists() and not [p.name for p in dest.iterdir() if p.name.startswith(".")]

@@ -288,8 +288,18 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
     replaced): a crash leaves `dst` as it was (when a damaged or cut-off copy is being replaced, there is an
     instant between moving it aside and renaming the new copy in when `dst` is absent; the source still holds the
     checkpoint and a retry completes it). An object store has no rename: there the manifest, written last, is the
-    commit, and an interrupted copy leaves a prefix without one, which a retry completes.
+    commit, and an interrupted copy leaves a prefix without one, which a retry completes. An OSError (a permission
+    refused, a busy device) is raised as CheckpointError naming the path, so a caller copying many steps can go on.
     """
+    try:
+        return _install(src_fs, src, dst_fs, dst, policy)
+    except OSError as error:
+        where = error.filename if error.filename else dst
+        raise CheckpointError(f"{where}: {error.strerror or error}") from error
+
+
+def _install(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> tuple[Manifest, bool]:
+    """`install_checkpoint`, letting an OSError through."""
     manifest = read_manifest(src_fs, src)
     state, refusal = with_retries(lambda: _existing(dst_fs, dst, manifest), f"inspect {dst}", policy)
     if refusal is not None:
