@@ -177,6 +177,29 @@ def test_a_damaged_step_does_not_stop_the_good_ones_after_it(tmp_path: Path) -> 
         assert verify_checkpoint(_local_fs(), str(ckpt_dir(dest, step))).ok
 
 
+def test_failed_checks_say_why_on_stderr_and_in_json(tmp_path: Path) -> None:
+    root, empty = tmp_path / "root", tmp_path / "empty"
+    saved(root, [1, 2, 3])
+    DAMAGE["bit flip in a data file"](ckpt_dir(root, 2))
+    empty.mkdir()
+    for args in (["verify", str(root)], ["verify", str(root), "--json"]):
+        proc = cli(*args)
+        line = one_line(proc, code=1)
+        assert "1 of 3 checkpoint(s)" in line and "do not verify" in line and "2" in line, line
+    result = json.loads(proc.stdout)
+    assert "do not verify" in result["error"] and result["ok"] is False
+    assert [(c["step"], c["ok"]) for c in result["checkpoints"]] == [(1, True), (2, False), (3, True)]
+    for command, src in (("upload", str(empty)), ("download", f"file://{empty}")):
+        proc = cli(command, src, str(tmp_path / "dest"), "--json")
+        assert "no complete checkpoints found" in one_line(proc, code=1)
+        result = json.loads(proc.stdout)
+        assert "no complete checkpoints found" in result["error"], result
+        assert result["copied"] == [] and result["not_copied"] == []
+    proc = cli("download", str(root), str(tmp_path / "dest"), "--json")
+    assert "not downloaded" in one_line(proc, code=1)
+    assert "step 2" in json.loads(proc.stdout)["error"]
+
+
 def test_upload_refuses_to_overwrite_a_different_checkpoint_in_the_store(s3: tuple[S3, str], tmp_path: Path) -> None:
     server, url = s3
     saved(tmp_path / "a", [4])

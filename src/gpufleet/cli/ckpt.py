@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import EXIT_CHECK_FAILED, Output, fail
+from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InputError
 
 if TYPE_CHECKING:
@@ -180,8 +180,8 @@ def register(app: typer.Typer) -> None:
                 if not infos:
                     raise CheckpointError(f"no checkpoint step {step} in {where}")
             if not infos:
-                out.emit({"root": where, "checkpoints": [], "ok": False}, lambda console: None)
-                fail(f"no checkpoints found in {where} (no step_… folders): nothing verified", EXIT_CHECK_FAILED)
+                out.check_failed(f"no checkpoints found in {where} (no step_… folders): nothing verified",
+                                 {"root": where, "checkpoints": [], "ok": False})
             for info in infos:
                 if not info.is_folder:
                     results.append({"step": info.step, "path": info.path, "ok": False,
@@ -200,9 +200,14 @@ def register(app: typer.Typer) -> None:
                     console.print(f"      {problem}", soft_wrap=True)
             console.print(f"{len(results) - len(bad)} of {len(results)} checkpoints verify")
 
-        out.emit({"root": where, "checkpoints": results, "ok": not bad}, render)
-        if bad:
-            out.exit(EXIT_CHECK_FAILED)
+        data: dict[str, Any] = {"root": where, "checkpoints": results, "ok": not bad}
+        message = (f"{len(bad)} of {len(results)} checkpoint(s) in {where} do not verify (steps "
+                   f"{', '.join(str(r['step']) for r in bad)})") if bad else None
+        if message is not None:
+            data["error"] = message
+        out.emit(data, render)
+        if message is not None:
+            out.fail(message, EXIT_CHECK_FAILED)
 
     @group.command("prune")
     def prune(
@@ -301,9 +306,10 @@ def register(app: typer.Typer) -> None:
                      if i.has_manifest and (step is None or i.step == step)]
         if step is not None and not infos:
             raise CheckpointError(f"no complete checkpoint step {step} in {src}")
+        out = Output(json)
         if not infos:
-            fail(f"no complete checkpoints found in {src} (no step_… folder with a manifest): nothing {verb}",
-                 EXIT_CHECK_FAILED)
+            out.check_failed(f"no complete checkpoints found in {src} (no step_… folder with a manifest): nothing "
+                             f"{verb}", {"from": src, "to": dst, "copied": [], "not_copied": []})
         with store_errors(dst):
             dst_fs, dst_root = _destination(dst)
         copied: list[dict[str, Any]] = []
@@ -332,10 +338,14 @@ def register(app: typer.Typer) -> None:
             done = sum(1 for item in copied if item["copied"])
             console.print(f"{verb} {done} checkpoint(s), {len(copied) - done} already there")
 
-        Output(json).emit({"from": src, "to": dst, "copied": copied, "not_copied": not_copied}, render)
-        if not_copied:  # the good steps are across (and listed above); say which were not, and fail the check
-            fail(f"{len(not_copied)} checkpoint(s) not {verb}: " + "; ".join(
-                f"step {item['step']}: {item['reason']}" for item in not_copied), EXIT_CHECK_FAILED)
+        data: dict[str, Any] = {"from": src, "to": dst, "copied": copied, "not_copied": not_copied}
+        message = (f"{len(not_copied)} checkpoint(s) not {verb}: " + "; ".join(
+            f"step {item['step']}: {item['reason']}" for item in not_copied)) if not_copied else None
+        if message is not None:  # the good steps are across (and listed); say which were not, and fail the check
+            data["error"] = " ".join(message.split())
+        out.emit(data, render)
+        if message is not None:
+            out.fail(message, EXIT_CHECK_FAILED)
 
     BandwidthOption = typer.Option(None, "--max-mib-per-s",
                                    help="Cap the transfer rate (MiB/s, a positive number; omit for no cap).")
