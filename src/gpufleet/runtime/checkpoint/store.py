@@ -284,8 +284,9 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
     earlier): neither holds anything the source lacks. Anything else at `dst` is refused with CheckpointError and
     left untouched: a file, a folder holding anything this checkpoint does not, a manifest that cannot be read, a
     different checkpoint. On a local disk the copy goes into a hidden temporary sibling, is checked and fsynced,
-    and `dst` is inspected again before the copy is renamed into place (so a folder written meanwhile is not
-    replaced): a crash leaves `dst` as it was (when a damaged or cut-off copy is being replaced, there is an
+    and `dst` is inspected again just before the copy is renamed into place (so a folder written during the copy is
+    refused; the check and the rename are not atomic, so a write in the last moment is not detected): a crash
+    leaves `dst` as it was (when a damaged or cut-off copy is being replaced, there is an
     instant between moving it aside and renaming the new copy in when `dst` is absent; the source still holds the
     checkpoint and a retry completes it). An object store has no rename: there the manifest, written last, is the
     commit, and an interrupted copy leaves a prefix without one, which a retry completes. An OSError (a permission
