@@ -23,6 +23,8 @@ DEFAULT_GPU = "h100-sxm"
 #: so that no real plan is refused, while a typo of three extra zeros gets one line instead of a search or a graph
 #: of millions of nodes).
 MAX_GPUS = 2**20
+#: The most GPU counts one sweep (`plan`, `fabric simulate`) takes: each is a full layout search or simulation.
+MAX_SWEEP_COUNTS = 64
 
 
 def check_gpu_count(count: int, flag: str = "--gpus") -> None:

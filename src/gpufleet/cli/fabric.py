@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
+from gpufleet.cli.common import MAX_SWEEP_COUNTS, CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
 from gpufleet.cli.facility import resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.economics.defaults import facility_defaults
@@ -224,7 +224,7 @@ def register(app: typer.Typer) -> None:
         mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "--routing")) if routing else None
         sizes = [parse_bytes(s, "--size", least_bytes=MIN_SIZE_BYTES, most_bytes=MAX_SIZE_BYTES, note=_SIZE_RANGE)
                  for s in size.split(",")]
-        counts = parse_int_list(gpus, "--gpus")
+        counts = parse_int_list(gpus, "--gpus", most=MAX_SWEEP_COUNTS)
         if min(counts) < 2:
             raise InputError(f"--gpus {min(counts)}: a collective needs a group of at least 2 GPUs")
         networks = [n.strip() for n in network.split(",")]

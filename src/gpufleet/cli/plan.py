@@ -12,7 +12,14 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from gpufleet.catalog.records import Precision
-from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
+from gpufleet.cli.common import (
+    MAX_SWEEP_COUNTS,
+    CatalogOption,
+    JsonOption,
+    check_gpu_count,
+    gpu_for,
+    open_catalog,
+)
 from gpufleet.cli.output import EXIT_USAGE, Output
 from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
@@ -29,8 +36,6 @@ GIB = 2**30
 DAY_S = 86400.0
 
 
-#: The most GPU counts one sweep plans (each is a full layout search).
-MAX_SWEEP_COUNTS = 64
 
 
 def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
