@@ -366,6 +366,31 @@ def test_a_file_named_like_a_step_is_reported_and_never_deleted(tmp_path: Path) 
     assert [item["step"] for item in json.loads(copied.stdout)["copied"]] == [3]
 
 
+def test_a_broken_link_is_not_called_a_file_and_set_aside_folders_are_listed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    saved(root, [1])
+    ckpt_dir(root, 7).symlink_to(tmp_path / "nowhere")
+    aside = root / f"{step_dirname(5)}.set-aside-0123abcd"
+    aside.mkdir()
+    (aside / "notes.txt").write_text("precious\n")
+    listed = cli("list", str(root), "--json")
+    assert listed.returncode == 0, listed.stderr
+    result = json.loads(listed.stdout)
+    assert [(row["step"], row["complete"]) for row in result["checkpoints"]] == [(1, True), (7, False)]
+    assert result["checkpoints"][-1]["problems"] == ["not a checkpoint folder"]
+    assert result["set_aside"] == [str(aside)]
+    table = cli("list", str(root))
+    assert table.returncode == 0 and "a file" not in table.stdout, table.stdout
+    assert f"{aside}: set aside (not a checkpoint; delete when reviewed)" in table.stdout, table.stdout
+    verified = cli("verify", str(root), "--json")
+    assert verified.returncode == 1
+    problems = json.loads(verified.stdout)["checkpoints"][-1]["problems"]
+    assert problems == [f"{ckpt_dir(root, 7)}: not a checkpoint folder"], problems
+    dry = cli("prune", str(root), "--keep-last", "1", "--dry-run")
+    assert dry.returncode == 0 and "not a checkpoint folder" in dry.stdout and "a file" not in dry.stdout, dry.stdout
+    assert ckpt_dir(root, 7).is_symlink() and (aside / "notes.txt").read_text() == "precious\n"
+
+
 def test_copying_a_root_onto_itself_is_refused(tmp_path: Path) -> None:
     root, link = tmp_path / "root", tmp_path / "link"
     saved(root, [1])

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a URL (s3://bucket/prefix, file://…).")
 StepOption = typer.Option(None, "--step", help="Only this step (default: every checkpoint).")
 URL_FORMS = "a folder, or a URL such as s3://bucket/prefix"
+SET_ASIDE_NOTE = "set aside (not a checkpoint; delete when reviewed)"
 
 
 def _open_url(where: str) -> tuple[Any, str]:
@@ -129,17 +130,19 @@ def register(app: typer.Typer) -> None:
         """List checkpoints: step, complete (manifest intact, every file it names present at its size), size, ranks.
 
         No checksums are read: `gpufleet ckpt verify` reads every byte. A file named like a checkpoint is listed as
-        not complete, with a note that it is not a checkpoint folder.
+        not complete, with a note that it is not a checkpoint folder. What a save or a restore moved out of a
+        checkpoint's way (`step_….set-aside-…`) is listed after the table (JSON `set_aside`), for a person to review.
 
         Example: `gpufleet ckpt list /checkpoints/run7` (or `s3://bucket/run7`)
         """
-        from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
+        from gpufleet.runtime.checkpoint.store import list_checkpoints, list_set_aside, store_errors
         from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
 
         with store_errors(where):
             fs, root = _open(where)
             infos = list_checkpoints(fs, root)
             rows = [_listed(fs, info) for info in infos]
+            set_aside = list_set_aside(fs, root)
         not_folders = [info for info in infos if not info.is_folder]
 
         def render(console: Console) -> None:
@@ -152,8 +155,10 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             for info in not_folders:
                 console.print(f"step {info.step}: {info.path} is {NOT_A_FOLDER} (left alone)", soft_wrap=True)
+            for path in set_aside:
+                console.print(f"{path}: {SET_ASIDE_NOTE}", soft_wrap=True)
 
-        Output(json).emit({"root": where, "checkpoints": rows}, render)
+        Output(json).emit({"root": where, "checkpoints": rows, "set_aside": set_aside}, render)
 
     @group.command("verify")
     def verify(where: str = WhereArgument, step: int = StepOption, json: bool = JsonOption) -> None:

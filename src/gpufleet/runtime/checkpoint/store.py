@@ -25,7 +25,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransferError
 from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, replace_dir
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
-from gpufleet.runtime.checkpoint.names import TMP_PREFIX, join, parse_step
+from gpufleet.runtime.checkpoint.names import SET_ASIDE_MARK, TMP_PREFIX, join, parse_step
 from gpufleet.runtime.checkpoint.verify import (
     NOT_A_FOLDER,
     check_complete,
@@ -143,6 +143,23 @@ def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
             has_manifest = is_folder and bool(fs.exists(join(path, MANIFEST_NAME)))
             found.append(CheckpointInfo(step, path, has_manifest, is_folder))
     return sorted(found, key=lambda info: info.step)
+
+
+def list_set_aside(fs: Any, root: str) -> list[str]:
+    """What checkpoint code moved aside under `root` (`step_….set-aside-XXXXXXXX`): not checkpoints, kept whole for a
+    person to review; sorted by name."""
+    fs.invalidate_cache()
+    try:
+        entries = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        base, mark, _ = name.partition(SET_ASIDE_MARK)
+        if mark and parse_step(base) is not None:
+            found.append(join(root, name))
+    return sorted(found)
 
 
 def with_retries(action: Callable[[], T], what: str, policy: TransferPolicy,

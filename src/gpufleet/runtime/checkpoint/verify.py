@@ -9,7 +9,7 @@ from gpufleet.runtime.checkpoint.errors import CheckpointNameError, CorruptCheck
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_stream
 from gpufleet.runtime.checkpoint.names import join
 
-NOT_A_FOLDER = "a file, not a checkpoint folder"
+NOT_A_FOLDER = "not a checkpoint folder"  # a file, a broken link, a device: said alike
 
 
 @dataclass
