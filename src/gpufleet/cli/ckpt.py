@@ -11,6 +11,7 @@ from rich.table import Table
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
 from gpufleet.errors import InputError
+from gpufleet.units import format_bytes
 
 if TYPE_CHECKING:
     from gpufleet.runtime.checkpoint.store import CheckpointInfo
@@ -110,14 +111,9 @@ def _check_step(step: int | None) -> None:
         raise InputError(f"--step must be an integer in [0, {MAX_STEP}], got {step}")
 
 
-def _human_bytes(size: int | None) -> str:
-    if size is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024  # type: ignore[assignment]
-    return str(size)
+def _size(size_bytes: int | None) -> str:
+    """A checkpoint's size for the table, '-' when it is unknown."""
+    return "-" if size_bytes is None else format_bytes(size_bytes)
 
 
 def register(app: typer.Typer) -> None:
@@ -150,7 +146,7 @@ def register(app: typer.Typer) -> None:
             for column in ("step", "complete", "size", "ranks", "path"):
                 table.add_column(column)
             for row in rows:
-                table.add_row(str(row["step"]), "yes" if row["complete"] else "NO", _human_bytes(row["size_bytes"]),
+                table.add_row(str(row["step"]), "yes" if row["complete"] else "NO", _size(row["size_bytes"]),
                               str(row["world_size"] or "-"), row["path"])
             console.print(table)
             for info in not_folders:
@@ -337,7 +333,7 @@ def register(app: typer.Typer) -> None:
         def render(console: Console) -> None:
             for item in copied:
                 if item["copied"]:
-                    console.print(f"{verb} step {item['step']} -> {item['to']} ({_human_bytes(item['size_bytes'])})")
+                    console.print(f"{verb} step {item['step']} -> {item['to']} ({_size(item['size_bytes'])})")
                 else:
                     console.print(f"step {item['step']} already at {item['to']} (identical), skipped")
             done = sum(1 for item in copied if item["copied"])
