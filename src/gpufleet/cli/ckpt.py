@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import EXIT_CHECK_FAILED, Output
+from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 from gpufleet.units import format_bytes
 
@@ -202,13 +202,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"{len(results) - len(bad)} of {len(results)} checkpoints verify")
 
         data: dict[str, Any] = {"root": where, "checkpoints": results, "ok": not bad}
-        message = (f"{len(bad)} of {len(results)} checkpoint(s) in {where} do not verify (steps "
-                   f"{', '.join(str(r['step']) for r in bad)})") if bad else None
-        if message is not None:
-            data["error"] = message
+        if bad:
+            out.check_failed(f"{len(bad)} of {len(results)} checkpoint(s) in {where} do not verify (steps "
+                             f"{', '.join(str(r['step']) for r in bad)})", data, render)
         out.emit(data, render)
-        if message is not None:
-            out.fail(message, EXIT_CHECK_FAILED)
 
     @group.command("prune")
     def prune(
@@ -340,13 +337,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"{verb} {done} checkpoint(s), {len(copied) - done} already there")
 
         data: dict[str, Any] = {"from": src, "to": dst, "copied": copied, "not_copied": not_copied}
-        message = (f"{len(not_copied)} checkpoint(s) not {verb}: " + "; ".join(
-            f"step {item['step']}: {item['reason']}" for item in not_copied)) if not_copied else None
-        if message is not None:  # the good steps are across (and listed); say which were not, and fail the check
-            data["error"] = " ".join(message.split())
+        if not_copied:  # the good steps are across (and listed); say which were not, and fail the check
+            out.check_failed(f"{len(not_copied)} checkpoint(s) not {verb}: " + "; ".join(
+                f"step {item['step']}: {item['reason']}" for item in not_copied), data, render)
         out.emit(data, render)
-        if message is not None:
-            out.fail(message, EXIT_CHECK_FAILED)
 
     BandwidthOption = typer.Option(None, "--max-mib-per-s",
                                    help="Cap the transfer rate (MiB/s, a positive number; omit for no cap).")

@@ -125,21 +125,24 @@ def store_errors(url: str) -> Iterator[None]:
         raise CheckpointError(f"{where}: {error.strerror or error}") from error
 
 
-def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
-    """Everything named `step_…` under `root`, oldest first (a file so named too, with `is_folder` False); other
-    names are ignored."""
+def _root_entries(fs: Any, root: str) -> list[tuple[str, bool]]:
+    """`(name, is_folder)` of everything directly under `root`, freshly listed; none when `root` does not exist."""
     fs.invalidate_cache()
     try:
         entries = fs.ls(root, detail=True)
     except FileNotFoundError:
         return []
+    return [(str(entry["name"]).rstrip("/").rsplit("/", 1)[-1], entry["type"] == "directory") for entry in entries]
+
+
+def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
+    """Everything named `step_…` under `root`, oldest first (a file so named too, with `is_folder` False); other
+    names are ignored."""
     found = []
-    for entry in entries:
-        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+    for name, is_folder in _root_entries(fs, root):
         step = parse_step(name)
         if step is not None:
             path = join(root, name)
-            is_folder = entry["type"] == "directory"
             has_manifest = is_folder and bool(fs.exists(join(path, MANIFEST_NAME)))
             found.append(CheckpointInfo(step, path, has_manifest, is_folder))
     return sorted(found, key=lambda info: info.step)
@@ -148,14 +151,8 @@ def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
 def list_set_aside(fs: Any, root: str) -> list[str]:
     """What checkpoint code moved aside under `root` (`step_….set-aside-XXXXXXXX`): not checkpoints, kept whole for a
     person to review; sorted by name."""
-    fs.invalidate_cache()
-    try:
-        entries = fs.ls(root, detail=False)
-    except FileNotFoundError:
-        return []
     found = []
-    for entry in entries:
-        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+    for name, _ in _root_entries(fs, root):
         base, mark, _ = name.partition(SET_ASIDE_MARK)
         if mark and parse_step(base) is not None:
             found.append(join(root, name))
