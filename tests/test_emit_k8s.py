@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -33,8 +34,18 @@ PODGROUP = crd_schema("volcano-podgroups-crd.yaml", "v1beta1")
 PYTORCHJOB = crd_schema("pytorch-operator-pytorchjobs-crd.yaml", "v1")
 
 
+#: Kubernetes release whose core API schemas check the pod template (kubernetes-validate ships them).
+KUBERNETES_VERSION = "1.31.0"
+
+
 def validate(document: dict[str, Any], schema: dict[str, Any]) -> None:
     jsonschema.Draft7Validator(schema).validate(document)
+
+
+def validate_pod_template(template: dict[str, Any]) -> None:
+    """The template as a core/v1 PodTemplate under Kubernetes' own schema, strict: unknown fields are errors."""
+    wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"}, "template": template}
+    kubernetes_validate.validate(wrapped, KUBERNETES_VERSION, strict=True)
 
 
 @pytest.fixture(scope="module", params=[
@@ -59,6 +70,8 @@ def test_documents_validate_against_the_crds(spec: LaunchSpec) -> None:
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     validate(podgroup, PODGROUP)
     validate(job, PYTORCHJOB)
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        validate_pod_template(replica["template"])
 
 
 def test_the_schemas_reject_what_they_should(spec: LaunchSpec) -> None:
@@ -75,6 +88,15 @@ def test_the_schemas_reject_what_they_should(spec: LaunchSpec) -> None:
     broken["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
     with pytest.raises(jsonschema.ValidationError):
         validate(broken, PYTORCHJOB)
+    template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    typo = copy.deepcopy(template)
+    typo["spec"]["schedularName"] = typo["spec"].pop("schedulerName")
+    with pytest.raises(jsonschema.ValidationError):
+        validate_pod_template(typo)
+    wrong = copy.deepcopy(template)
+    wrong["spec"]["terminationGracePeriodSeconds"] = "ten minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_pod_template(wrong)
 
 
 def test_gang_is_every_pod_and_every_gpu(spec: LaunchSpec) -> None:
