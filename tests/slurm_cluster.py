@@ -9,6 +9,7 @@ cluster started, by the pid it recorded.
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -150,8 +151,8 @@ class SlurmCluster:
             "ClusterName=gpufleettest",
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={ports[0]}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
+            f"SlurmUser={getpass.getuser()}",
+            f"SlurmdUser={getpass.getuser()}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"AuthInfo=socket={root / 'munge' / 'socket'}",

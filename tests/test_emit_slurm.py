@@ -16,11 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from emit_specs import small_catalog, spec_from_plan
 from gpufleet.emit import slurm
 from gpufleet.emit.hosts import hostlist
-from gpufleet.emit.spec import LaunchSpec
+from gpufleet.emit.spec import LaunchSpec, TargetCannotExpress
+from gpufleet.errors import InputError
 from gpufleet.fabric.bom import bill_of_materials
 from gpufleet.fabric.graph import build_graph
 from gpufleet.fabric.topology import Cluster, Fabric
@@ -90,6 +93,38 @@ def test_switches_are_the_bill_of_materials(h100_64: LaunchSpec, gpus: int, fabr
     assert all(child in defined for s in switches for child in s.switches)
     if fabric.get("kind") == "dragonfly+":  # groups joined by one logical top switch
         assert [s.name for s in switches if s.level == max(x.level for x in switches)] == ["dragonfly"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nodes=st.integers(1, 160), kind=st.sampled_from(["fat-tree", "leaf-spine", "rail-optimized", "dragonfly+"]),
+       oversubscription=st.sampled_from([1.0, 2.0, 3.0]))
+def test_topology_is_a_tree_slurm_accepts(h100_64: LaunchSpec, nodes: int, kind: str,
+                                          oversubscription: float) -> None:
+    try:
+        spec = _cluster(h100_64, nodes * 8, kind=kind, oversubscription=oversubscription)
+        switches = slurm.topology(spec)
+    except InputError:  # a fabric the switch radix cannot build: nothing to emit
+        assume(False)
+        return
+    hosts = sorted(h for s in switches if s.level == 0 for h in s.hosts)
+    assert hosts == list(range(1, nodes + 1))  # each host under exactly one lowest-tier switch
+    by_name = {s.name: s for s in switches}
+    assert len(by_name) == len(switches)
+    for switch in switches:
+        assert bool(switch.hosts) == (switch.level == 0)
+        assert all(by_name[child].level < switch.level for child in switch.switches)
+    covered: dict[str, set[int]] = {}
+    for switch in sorted(switches, key=lambda s: s.level):
+        covered[switch.name] = set(switch.hosts).union(*(covered[c] for c in switch.switches))
+    assert any(covered[s.name] == set(hosts) for s in switches)  # one switch reaches every host: connected
+
+
+def test_rack_shares_that_split_a_compute_tray_are_refused(nvl72_144: LaunchSpec) -> None:
+    # 142 GB200 GPUs spread as 2 racks of 71: not whole 4-GPU trays
+    cluster = nvl72_144.cluster
+    spec = replace(nvl72_144, cluster=Cluster(cluster.gpu, cluster.node, 142, cluster.fabric))
+    with pytest.raises(TargetCannotExpress, match="71 GPUs per gb200-nvl72 rack"):
+        slurm.emitter.render(spec)
 
 
 def test_rail_optimized_groups_scalable_units(h100_64: LaunchSpec) -> None:

@@ -32,12 +32,14 @@ POD_SOCKET_IFNAME = "=eth0"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: The container name the Kubeflow training-operator looks for in a PyTorchJob replica.
 CONTAINER_NAME = "pytorch"
+#: What torchrun starts when the spec names no training command (edit it, or give LaunchSpec.train_command).
+DEFAULT_TRAIN_SCRIPT = "train.py"
 
 
 def _pod_template(spec: LaunchSpec, gpus_per_pod: int) -> dict[str, Any]:
     env = [{"name": v.name, "value": v.value} for v in environment(spec, POD_SOCKET_IFNAME)]
     env.append({"name": "CHECKPOINT_DIR", "value": spec.checkpoint_dir})
-    command = ["torchrun", *spec.train_command] if spec.train_command else ["torchrun", "train.py"]
+    command = ["torchrun", *(spec.train_command or (DEFAULT_TRAIN_SCRIPT,))]
     container = {
         "name": CONTAINER_NAME,
         "image": DEFAULT_IMAGE,
