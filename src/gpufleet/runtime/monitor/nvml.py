@@ -160,13 +160,14 @@ class NvmlReader:
     def sample(self) -> list[GpuSample]:
         """Every GPU now; one GPU failing becomes a GpuSample with `error`, never an exception."""
         self._drain_xid_events()
-        samples = []
-        for index, handle in enumerate(self._handles):
-            try:
-                samples.append(self._sample_one(index, handle))
-            except pynvml.NVMLError as error:
-                samples.append(GpuSample(self._identities[index], error=str(error)))
-        return samples
+        return [self.sample_one(index) for index in range(len(self._handles))]
+
+    def sample_one(self, index: int) -> GpuSample:
+        """One GPU now (an NVML error becomes a GpuSample with `error`)."""
+        try:
+            return self._sample_one(index, self._handles[index])
+        except pynvml.NVMLError as error:
+            return GpuSample(self._identities[index], error=str(error))
 
     def _sample_one(self, index: int, handle: Any) -> GpuSample:
         nvml = self.nvml
