@@ -8,7 +8,6 @@ IBTA spec vol. 1, PortCounters; Linux Documentation/ABI/stable/sysfs-class-infin
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,5 +135,3 @@ class NodeCollector(Collector):
                 age.add_metric(labels, newest)
         yield free
         yield age
-        yield GaugeMetricFamily("gpufleet_exporter_time_seconds", "The exporter's clock at this scrape (Unix "
-                                "seconds), for ages computed against it.", value=time.time())
