@@ -104,6 +104,15 @@ def test_an_nvml_error_on_one_gpu_marks_it_down_and_the_others_still_report() ->
     assert len(pick(samples, "gpufleet_gpu_temperature_celsius")) == 2
 
 
+def test_a_gpu_lost_before_the_exporter_starts_is_reported_down_not_fatal() -> None:
+    fake = FakeNvml(3)
+    fake.fail(0)  # nvmlDeviceGetHandleByIndex(0) fails
+    reader = NvmlReader(fake)
+    samples = reader.sample()
+    assert samples[0].error and samples[0].identity.uuid == "unknown-0"
+    assert [s.error for s in samples[1:]] == [None, None]
+
+
 def test_scrape_series_carry_the_gpu_index_label_and_base_unit_names() -> None:
     config = ExporterConfig(fake_gpus=2, fake_events=("1:sw_power_cap", "0:ecc_uncorrected=2"), hostname="node7")
     samples = values(scrape(build_registry(config, open_reader(config))))

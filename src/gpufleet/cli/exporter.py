@@ -6,10 +6,16 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpufleet.errors import InputError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gpufleet.runtime.monitor.exporter import ExporterConfig
 
 ListenOption = typer.Option("127.0.0.1:9401", "--listen", help="ADDR:PORT to serve /metrics on (loopback unless "
                             "told otherwise; 0.0.0.0:9401 for every interface).")
@@ -70,10 +76,12 @@ def register(app: typer.Typer) -> None:
         _serve_until_stopped(config, registry, reader.count, duration)
 
 
-def _serve_until_stopped(config: object, registry: object, gpus: int, duration: float | None) -> None:
+def _serve_until_stopped(config: ExporterConfig, registry: CollectorRegistry, gpus: int,
+                         duration: float | None) -> None:
+    """Serve until SIGTERM, Ctrl-C or `duration` seconds, then close the socket."""
     from gpufleet.runtime.monitor.exporter import serve
 
-    server = serve(config, registry)  # type: ignore[arg-type]
+    server = serve(config, registry)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     host, port = server.server_address[:2]

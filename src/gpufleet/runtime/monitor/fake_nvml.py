@@ -137,7 +137,7 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _FakeGpu:
         if not 0 <= index < len(self._gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self._gpus[index]
+        return self._live(self._gpus[index])
 
     def nvmlDeviceGetUUID(self, handle: _FakeGpu) -> str:
         return f"GPU-00000000-fake-0000-0000-{self._live(handle).index:012d}"

@@ -114,10 +114,17 @@ class NvmlReader:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self._handles = [self._handle(i) for i in range(nvml.nvmlDeviceGetCount())]
         self._identities = [self._identity(i, h) for i, h in enumerate(self._handles)]
         self._xids: list[Counter[int]] = [Counter() for _ in self._handles]
         self._events = self._register_xid_events()
+
+    def _handle(self, index: int) -> Any:
+        """The GPU's NVML handle, or None when NVML cannot open it (that GPU is reported down, the rest served)."""
+        try:
+            return self.nvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError:
+            return None
 
     @property
     def count(self) -> int:
@@ -128,21 +135,28 @@ class NvmlReader:
 
     def _identity(self, index: int, handle: Any) -> GpuIdentity:
         nvml = self.nvml
+        if handle is None:
+            return GpuIdentity(index, f"unknown-{index}", "unknown", "")
         try:
             return GpuIdentity(index, _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle)),
                                _text(nvml.nvmlDeviceGetPciInfo(handle).busId))
-        except pynvml.NVMLError as error:
-            return GpuIdentity(index, f"unknown-{index}", f"unreadable: {error}", "")
+        except pynvml.NVMLError:
+            return GpuIdentity(index, f"unknown-{index}", "unknown", "")
 
     def _register_xid_events(self) -> Any:
-        """An NVML event set receiving XID critical errors from every GPU, or None where events are unsupported."""
+        """An NVML event set receiving XID critical errors from every GPU that supports them, or None."""
         try:
             events = self.nvml.nvmlEventSetCreate()
-            for handle in self._handles:
-                self.nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
-            return events
         except pynvml.NVMLError:
             return None
+        for handle in self._handles:
+            if handle is None:
+                continue
+            try:
+                self.nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+            except pynvml.NVMLError:  # not supported on this GPU (or it is failing): the others still report XIDs
+                continue
+        return events
 
     def _drain_xid_events(self) -> None:
         """Count every XID event waiting in the set (wait 0 ms: never blocks a scrape)."""
@@ -164,6 +178,8 @@ class NvmlReader:
 
     def sample_one(self, index: int) -> GpuSample:
         """One GPU now (an NVML error becomes a GpuSample with `error`)."""
+        if self._handles[index] is None:
+            return GpuSample(self._identities[index], error="NVML could not open this GPU")
         try:
             return self._sample_one(index, self._handles[index])
         except pynvml.NVMLError as error:
