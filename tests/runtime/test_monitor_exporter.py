@@ -104,6 +104,19 @@ def test_an_nvml_error_on_one_gpu_marks_it_down_and_the_others_still_report() ->
     assert len(pick(samples, "gpufleet_gpu_temperature_celsius")) == 2
 
 
+def test_the_straggler_check_reads_only_clocks_and_agrees_with_a_full_sample() -> None:
+    fake = FakeNvml(2)
+    reader = NvmlReader(fake)
+    fake.throttle(1, "sw_thermal")
+    before = fake.calls
+    light = reader.sample_clocks(1)
+    assert fake.calls - before == 4
+    full = reader.sample_one(1)
+    assert light.slowed_down and full.slowed_down
+    assert (light.sm_clock_hz, light.sm_clock_base_hz) == (full.sm_clock_hz, full.sm_clock_base_hz)
+    assert not reader.sample_clocks(0).slowed_down
+
+
 def test_a_gpu_lost_before_the_exporter_starts_is_reported_down_not_fatal() -> None:
     fake = FakeNvml(3)
     fake.fail(0)  # nvmlDeviceGetHandleByIndex(0) fails

@@ -80,3 +80,18 @@ def test_rules_and_dashboard_only_name_metrics_that_are_served(tmp_path: Path) -
     used = set(re.findall(r"\bgpufleet_[a-z_]+", rules + "\n".join(exprs)))
     assert used, "no gpufleet metric named"
     assert used <= names, used - names
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dashboard = json.loads((ASSETS / "dashboard.json").read_text())
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    graphs = [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+    assert graphs and all(panel["targets"] and panel["datasource"]["type"] == "prometheus" for panel in graphs)
+    cells = set()
+    for panel in graphs:  # no two panels overlap on the 24-column grid
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24
+        mine = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not cells & mine, panel["title"]
+        cells |= mine

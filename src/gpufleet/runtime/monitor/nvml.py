@@ -185,6 +185,26 @@ class NvmlReader:
         except pynvml.NVMLError as error:
             return GpuSample(self._identities[index], error=str(error))
 
+    def sample_clocks(self, index: int) -> GpuSample:
+        """Only what a straggler check needs (utilization, SM clocks, throttle reasons): 4 NVML calls, not ~90."""
+        handle = self._handles[index]
+        if handle is None:
+            return GpuSample(self._identities[index], error="NVML could not open this GPU")
+        nvml = self.nvml
+        try:
+            rates = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+            reasons = _optional(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+            return GpuSample(
+                identity=self._identities[index],
+                utilization_ratio=None if rates is None else rates.gpu / PERCENT,
+                sm_clock_hz=_hz(_optional(nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)),
+                sm_clock_base_hz=_hz(_optional(nvml.nvmlDeviceGetDefaultApplicationsClock, handle,
+                                               pynvml.NVML_CLOCK_SM)),
+                throttle_reasons={} if reasons is None else {name: bool(reasons & bit)
+                                                             for name, bit in THROTTLE_REASONS.items()})
+        except pynvml.NVMLError as error:
+            return GpuSample(self._identities[index], error=str(error))
+
     def _sample_one(self, index: int, handle: Any) -> GpuSample:
         nvml = self.nvml
         rates = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)

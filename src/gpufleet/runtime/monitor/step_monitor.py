@@ -265,7 +265,7 @@ class StepMonitor:
         median = statistics.median(self._compute_s or self._steps_s)
         slowed, ratio = False, None
         if self.gpu_reader is not None:
-            sample = self.gpu_reader.sample_one(self.gpu_index)
+            sample = self.gpu_reader.sample_clocks(self.gpu_index)
             slowed = sample.error is None and sample.slowed_down
             if sample.sm_clock_hz and sample.sm_clock_base_hz:
                 ratio = sample.sm_clock_hz / sample.sm_clock_base_hz
