@@ -1,0 +1,89 @@
+"""What a plan predicts for one rank, read from `gpufleet plan --json` output as plain JSON (runtime never imports
+the planner): step time, tokens per second per GPU, MFU."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpufleet.errors import InputError
+
+
+class PlanFileError(InputError):
+    """plan.json is missing, unreadable, or lacks a plan's predictions."""
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """A plan's prediction: seconds per step, tokens/s per GPU, MFU (0..1)."""
+
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+
+    @classmethod
+    def from_json(cls, data: Any, index: int = 0, where: str = "plan") -> PlanTarget:
+        """From `gpufleet plan --json` (its `plans` list; `index` picks one, 0 = the best) or one plan object."""
+        plans = data.get("plans") if isinstance(data, dict) else None
+        if isinstance(plans, list):
+            if not plans:
+                raise PlanFileError(f"{where} has no plans (the search found nothing feasible)")
+            if not 0 <= index < len(plans):
+                raise PlanFileError(f"{where} has {len(plans)} plans; the plan index must be in [0, {len(plans) - 1}]"
+                                    f", got {index}")
+            data = plans[index]
+        if not isinstance(data, dict):
+            raise PlanFileError(f"{where} is not a `gpufleet plan --json` document")
+        values = {}
+        for key in ("step_s", "tokens_per_s_per_gpu", "mfu"):
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise PlanFileError(f"{where}: {key} must be a positive number (from `gpufleet plan --json`), "
+                                    f"got {value!r}")
+            values[key] = float(value)
+        if values["mfu"] > 1:
+            raise PlanFileError(f"{where}: mfu must be at most 1, got {values['mfu']}")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: Path, index: int = 0) -> PlanTarget:
+        try:
+            text = Path(path).read_text()
+        except OSError as error:
+            raise PlanFileError(f"cannot read the plan file {path}: {error.strerror or error}") from None
+        except UnicodeDecodeError:
+            raise PlanFileError(f"the plan file {path} is not text (expected `gpufleet plan --json` output)") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise PlanFileError(f"the plan file {path} is not JSON ({error.msg}, line {error.lineno}); write it with "
+                                "`gpufleet plan ... --json > plan.json`") from None
+        return cls.from_json(data, index, str(path))
+
+
+class _PlanCollector(Collector):
+    def __init__(self, plan: PlanTarget) -> None:
+        self.plan = plan
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        return [
+            GaugeMetricFamily("gpufleet_plan_step_seconds", "Step time the plan predicts.", value=self.plan.step_s),
+            GaugeMetricFamily("gpufleet_plan_tokens_per_second_per_gpu", "Tokens per second per GPU the plan predicts.",
+                              value=self.plan.tokens_per_s_per_gpu),
+            GaugeMetricFamily("gpufleet_plan_mfu_ratio", "Model FLOPs utilization the plan predicts.",
+                              value=self.plan.mfu),
+        ]
+
+
+def plan_collector(plan: PlanTarget) -> Collector:
+    """The plan's three predictions as gauges, for alerts and dashboards to compare against."""
+    return _PlanCollector(plan)
