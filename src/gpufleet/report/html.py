@@ -17,7 +17,8 @@ _STYLE = (
     "td:last-child{white-space:normal}tr:nth-child(even){background:#f6f6f6}"
     "figure{margin:1.5em 0;padding:.5em;border:1px solid #ddd}"
     "figure svg{display:block;max-width:100%;height:auto}figcaption{font-style:italic;margin:.4em 0}"
-    "details{font-size:.9em}.summary{font-size:1.1em;background:#f3f7fb;padding:.7em 1em;"
+    ".scroll{overflow-x:auto}table{font-size:.92em}details{font-size:.9em}"
+    ".summary{font-size:1.1em;background:#f3f7fb;padding:.7em 1em;"
     "border-left:4px solid #0072B2}.note{color:#555;font-size:.9em}"
 )
 
@@ -38,11 +39,16 @@ def page(title: str, body: list[str]) -> str:
     ])
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell, quote=False)}</td>" for cell in row) + "</tr>"
-                   for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
+    """A table in a horizontally scrolling box (wide tables never widen the page); `align` gives each column
+    l(eft) or r(ight), left by default."""
+    def cell(tag: str, index: int, text: str) -> str:
+        side = "right" if index < len(align) and align[index] == "r" else "left"
+        return f"<{tag} style='text-align:{side}'>{html.escape(text, quote=False)}</{tag}>"
+
+    head = "".join(cell("th", i, text) for i, text in enumerate(header))
+    body = "".join("<tr>" + "".join(cell("td", i, text) for i, text in enumerate(row)) + "</tr>" for row in rows)
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def write_report(path: Path, text: str, flag: str = "--html") -> None:
@@ -60,3 +66,6 @@ def write_report(path: Path, text: str, flag: str = "--html") -> None:
     except OSError as error:
         Path(temporary).unlink(missing_ok=True)
         raise InputError(f"{flag} {path}: cannot write there: {error.strerror or error}") from error
+    except BaseException:  # anything else (an interrupt, a text that cannot be encoded): no temporary left
+        Path(temporary).unlink(missing_ok=True)
+        raise

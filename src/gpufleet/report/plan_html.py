@@ -15,7 +15,8 @@ DAY_S = 86400.0
 MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
 #: How the step's parts are grouped when plans are compared side by side (each part in the per-part chart).
 STEP_GROUPS = (("compute", ("compute",)), ("communication", ("comm",)),
-               ("pipeline idle", ("bubble", "stage-imbalance")), ("optimizer and overhead", ("optimizer", "overhead")))
+               ("pipeline idle", ("bubble", "stage-imbalance")), ("optimizer and overhead", ("optimizer", "overhead")),
+               ("offload and other", ()))  # the last group takes every part the others do not name
 
 
 def _days(seconds: float) -> str:
@@ -83,7 +84,7 @@ def _plans_table(figures: PlanFigures) -> str:
                      f"{econ.goodput:.1%}" if econ else "–", _days(plan.wall_time_s),
                      f"{_usd(cheapest.usd)} {cheapest.name}" if cheapest else "–"])
     return table(["#", "layout", "memory / HBM", "step", "tokens/s/GPU", "MFU", "goodput", "time-to-train",
-                  "cheapest cloud"], rows)
+                  "cheapest cloud"], rows, "rlrrrrrrl")
 
 
 def _rejected(figures: PlanFigures) -> str:
@@ -132,20 +133,31 @@ def _peak_memory(figures: PlanFigures) -> str:
                   "gradients down, recompute moves activations down.", "fig-memory-plans")
 
 
-def _group_exposed(plan: Plan) -> list[float]:
-    parts = plan.candidate.step.parts
-    return [sum(p.exposed_s for name, p in parts.items() if name.split(".")[0] in prefixes) * 1e3
-            for _, prefixes in STEP_GROUPS]
+def _group_exposed(plan: Plan, scale: float) -> list[float]:
+    """Exposed time of each STEP_GROUPS group, times `scale` (1 for seconds, 1e3 for ms)."""
+    totals = [0.0] * len(STEP_GROUPS)
+    for name, part in plan.candidate.step.parts.items():
+        prefix = name.split(".")[0]
+        index = next((i for i, (_, prefixes) in enumerate(STEP_GROUPS) if prefix in prefixes), len(STEP_GROUPS) - 1)
+        totals[index] += part.exposed_s * scale
+    return totals
+
+
+def _time_unit(seconds: float) -> tuple[float, str]:
+    """Seconds for steps of a second or more, else milliseconds: (multiplier, unit)."""
+    return (1.0, "s") if seconds >= 1.0 else (1e3, "ms")
 
 
 def _step_by_plan(figures: PlanFigures) -> str:
     plans = figures.result.plans
-    grouped = [_group_exposed(plan) for plan in plans]
-    series = [Series(name, tuple(g[i] for g in grouped)) for i, (name, _) in enumerate(STEP_GROUPS)]
+    scale, unit = _time_unit(max(p.candidate.step.step_s for p in plans))
+    grouped = [_group_exposed(plan, scale) for plan in plans]
+    series = [Series(name, tuple(g[i] for g in grouped)) for i, (name, _) in enumerate(STEP_GROUPS)
+              if any(g[i] > 0 for g in grouped)]
     chart = bar_chart([f"#{p.rank} {p.layout.short()}" for p in plans], series, horizontal=True,
-                      value_axis=Axis("time per step on the critical path (ms)"), category_axis="ranked plan",
+                      value_axis=Axis(f"time per step on the critical path ({unit})"), category_axis="ranked plan",
                       title="Exposed step time of each ranked plan, by kind",
-                      desc="; ".join(f"#{p.rank}: {p.candidate.step.step_s * 1e3:,.0f} ms" for p in plans))
+                      desc="; ".join(f"#{p.rank}: {p.candidate.step.step_s * scale:,.3g} {unit}" for p in plans))
     return figure(chart, "Each bar is one step; the longer the non-compute segments, the more the layout "
                   "waits on communication or pipeline bubbles.", "fig-step-plans")
 
@@ -154,9 +166,10 @@ def _step_parts(figures: PlanFigures) -> str:
     best = figures.result.plans[0]
     parts = [(name, part) for name, part in best.candidate.step.parts.items() if part.total_s > 0]
     labels = [f"{name} ({part.link})" if part.link else name for name, part in parts]
-    chart = bar_chart(labels, [Series("exposed (on the critical path)", tuple(p.exposed_s * 1e3 for _, p in parts)),
-                               Series("hidden (overlapped with compute)", tuple(p.hidden_s * 1e3 for _, p in parts))],
-                      horizontal=True, stacked=False, value_axis=Axis("time per step (ms)"),
+    scale, unit = _time_unit(best.candidate.step.step_s)
+    chart = bar_chart(labels, [Series("exposed (on the critical path)", tuple(p.exposed_s * scale for _, p in parts)),
+                               Series("hidden (overlapped with compute)", tuple(p.hidden_s * scale for _, p in parts))],
+                      horizontal=True, stacked=False, value_axis=Axis(f"time per step ({unit})"),
                       category_axis="part of the step (link)",
                       title=f"Plan #1 step parts: exposed and hidden time ({best.layout.short()})",
                       desc="; ".join(f"{name}: {p.exposed_s * 1e3:,.1f} ms exposed, {p.hidden_s * 1e3:,.1f} ms hidden"
@@ -212,10 +225,10 @@ def _cost(figures: PlanFigures) -> str:
     cost = figures.cost
     if cost is None:
         return "<p>The cluster cannot be priced (see the note at the top), so there is no cost chart.</p>"
-    steps = 24
+    steps = 12  # straight lines: a point every twelfth of the horizon carries the markers that tell them apart
     series = [Series(line.name, points=tuple((cost.horizon_months * i / steps,
-                                       line.upfront_usd + line.usd_per_month * cost.horizon_months * i / steps)
-                                      for i in range(steps + 1)), markers=False, dashed=line.upfront_usd > 0)
+                                              line.upfront_usd + line.usd_per_month * cost.horizon_months * i / steps)
+                                             for i in range(steps + 1)), dashed=line.upfront_usd > 0)
               for line in cost.lines]
     markers = [Marker(cost.run_months, f"this run ends ({cost.run_months:.1f} mo)")]
     if cost.breakeven_months is not None:
@@ -250,8 +263,11 @@ def _power(figures: PlanFigures) -> str:
                       desc=f"IT typical {values[0]:,.0f} kW, IT maximum {values[1]:,.0f} kW, facility "
                       f"{values[2]:,.0f} kW; {econ.racks} racks, {econ.cooling} cooling; "
                       f"{econ.energy_kwh / 1e3:,.0f} MWh for the run")
+    facts = table(["GPUs", "nodes", "racks", "cooling", "IT max per rack", "energy for the run"],
+                  [[f"{econ.gpus:,}", f"{econ.nodes:,}", f"{econ.racks:,}", econ.cooling,
+                    f"{values[1] / max(econ.racks, 1):,.1f} kW", f"{econ.energy_kwh / 1e3:,.0f} MWh"]], "rrrlrr")
     return figure(chart, f"Provision the facility line: {values[2]:,.0f} kW in {econ.racks} racks "
-                  f"({econ.cooling} cooling), {econ.energy_kwh / 1e3:,.0f} MWh over the run.", "fig-power")
+                  f"({econ.cooling} cooling), {econ.energy_kwh / 1e3:,.0f} MWh over the run.", "fig-power") + facts
 
 
 def _goodput(figures: PlanFigures) -> str:
@@ -261,7 +277,7 @@ def _goodput(figures: PlanFigures) -> str:
     best = max(curve.points, key=lambda p: p[1])
     chart = line_chart([Series("goodput", points=tuple((i / 60, g * 100) for i, g in curve.points), markers=False)],
                        x_axis=Axis("checkpoint interval (minutes, log scale)", 10),
-                       y_axis=Axis("goodput (% of wall time doing useful work)"), y_from_zero=False,
+                       y_axis=Axis("goodput (% of wall time doing useful work)"), y_from_zero=False, y_max=100.0,
                        x_markers=[Marker(curve.chosen_interval_s / 60,
                                          f"chosen {curve.chosen_interval_s / 60:.0f} min")],
                        title="Goodput against checkpoint interval",

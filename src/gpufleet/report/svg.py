@@ -27,7 +27,7 @@ WIDTH_PX = 720
 PLOT_HEIGHT_PX = 260
 _LEFT_PX, _RIGHT_PX, _BOTTOM_PX, _TOP_PX = 78, 24, 48, 12
 _LEGEND_ROW_PX = 18
-_FONT = "font-family='system-ui,sans-serif' font-size='12'"
+_FONT = "font-family='system-ui,sans-serif'"
 
 #: Stands for the figure's id in a chart's SVG until `figure()` names it (ids must be unique on a page).
 _UID = "@chart@"
@@ -97,9 +97,8 @@ def _linear_ticks(low: float, high: float) -> tuple[float, float, list[float]]:
     if high <= low:
         high = low + (abs(low) or 1.0)
     step = _nice_step(high - low)
-    start, stop = math.floor(low / step) * step, math.ceil(high / step) * step
-    count = round((stop - start) / step)
-    return start, stop, [start + i * step for i in range(count + 1)]
+    first, last = math.floor(low / step), math.ceil(high / step)
+    return first * step, last * step, [k * step for k in range(first, last + 1)]  # k x step: no summed error
 
 
 def _log_ticks(low: float, high: float, base: int) -> tuple[float, float, list[float]]:
@@ -132,8 +131,8 @@ class _Scale:
         return self.start_px + fraction * (self.end_px - self.start_px)
 
 
-def _text(x: float, y: float, content: str, anchor: str = "middle", extra: str = "") -> str:
-    return (f"<text x='{x:.1f}' y='{y:.1f}' text-anchor='{anchor}' {_FONT} {extra}>"
+def _text(x: float, y: float, content: str, anchor: str = "middle", extra: str = "", size_px: int = 12) -> str:
+    return (f"<text x='{x:.1f}' y='{y:.1f}' text-anchor='{anchor}' {_FONT} font-size='{size_px}' {extra}>"
             f"{html.escape(content)}</text>")
 
 
@@ -228,6 +227,8 @@ def bar_chart(categories: Sequence[str], series: Sequence[Series], *, value_axis
             tip = f"{category}, {s.name}: {number(value)}" if len(series) > 1 else f"{category}: {number(value)}"
             bars.append(f"<rect x='{x:.1f}' y='{y:.1f}' width='{max(w, 0):.1f}' height='{max(h, 0):.1f}' "
                         f"fill='{colour(j)}'><title>{html.escape(tip)}</title></rect>")
+            if horizontal and (len(series) == 1 or not stacked) and value > 0:  # the value at the end: tiny bars read
+                bars.append(_text(b + 4, y + thick / 2 + 4, number(value), "start", size_px=11))
             base += value
         label_at = (plot[1] if horizontal else plot[0]) + (i + 0.5) * slot
         bars.append(_text(plot[0] - 6, label_at + 4, category, "end") if horizontal
@@ -251,7 +252,8 @@ def bar_chart(categories: Sequence[str], series: Sequence[Series], *, value_axis
 
 def line_chart(series: Sequence[Series], *, x_axis: Axis, y_axis: Axis, title: str, desc: str,
                x_markers: Sequence[Marker] = (), y_markers: Sequence[Marker] = (), y_from_zero: bool = True,
-               guides: Sequence[Series] = (), plot_height_px: float = PLOT_HEIGHT_PX) -> Chart:
+               guides: Sequence[Series] = (), plot_height_px: float = PLOT_HEIGHT_PX,
+               y_max: float | None = None) -> Chart:
     """One line (and/or marker set) per series over shared x and y axes, with labelled reference lines;
     `guides` are grey lines (y = x, a ±25 % band) labelled at their right end, outside the legend."""
     legend, legend_h = _legend([s.name for s in series], 0, shapes=True)
@@ -260,7 +262,8 @@ def line_chart(series: Sequence[Series], *, x_axis: Axis, y_axis: Axis, title: s
     ys = [y for s in (*series, *guides) for _, y in s.points] + [m.value for m in y_markers]
     x_scale = _Scale(min(xs, default=0.0), max(xs, default=1.0), plot[0], plot[2], x_axis.log_base)
     y_low = min(ys, default=0.0)
-    y_scale = _Scale(y_low, max(ys, default=1.0) * (1.02 if y_axis.log_base is None else 1.0), plot[3], plot[1],
+    y_high = max(ys, default=1.0) * (1.02 if y_axis.log_base is None else 1.0)
+    y_scale = _Scale(y_low, min(y_high, y_max) if y_max is not None else y_high, plot[3], plot[1],
                      y_axis.log_base, from_zero=y_from_zero)
     drawn: list[str] = []
     for guide in guides:

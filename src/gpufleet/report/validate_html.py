@@ -86,7 +86,7 @@ def _summary_table(summary: dict[str, Any]) -> str:
              f"{summary[q]['median_abs_error']:.1%}" if summary[q]["median_abs_error"] is not None else "–",
              f"{summary[q]['worst_abs_error']:.1%}" if summary[q]["worst_abs_error"] is not None else "–",
              summary[q]["worst_id"] or "–"] for q in (*QUALITIES[:3], "high+medium", "all")]
-    return table(["runs", "n", "median |error|", "worst |error|", "worst run"], rows)
+    return table(["runs", "n", "median |error|", "worst |error|", "worst run"], rows, "lrrrl")
 
 
 def _error_table(pairs: list[tuple[str, RunPrediction]]) -> str:
@@ -95,7 +95,7 @@ def _error_table(pairs: list[tuple[str, RunPrediction]]) -> str:
              f"{p.target_tokens_per_s_per_gpu:,.0f}", f"{p.error:+.1%}" if p.error is not None else "–", p.note]
             for source, p in sorted(pairs, key=lambda item: -abs(item[1].error or 0))]
     return table(["run", "source", "quality", "layout", "predicted tok/s/GPU", "measured tok/s/GPU", "error",
-                  "note"], rows)
+                  "note"], rows, "llllrrrl")
 
 
 def write_validate_report(path: Path, runs: list[PublishedRun], predictions: list[RunPrediction],
