@@ -115,8 +115,15 @@ def _stage_memory(figures: PlanFigures) -> str:
                       desc="; ".join(f"stage {i}: {s.total_bytes / GIB:.1f} GiB" for i, s in enumerate(stages))
                       + f"; HBM {hbm / GIB:.0f} GiB")
     worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
-    return figure(chart, f"Plan #1: stage {worst} is the fullest, {stages[worst].total_bytes / GIB:.1f} of "
-                  f"{hbm / GIB:.0f} GiB; the gap to the dashed line is headroom.", "fig-memory-stages")
+    need = stages[worst].total_bytes
+    if need > hbm:  # the planner's fit check looked at other stages: say so rather than draw it quietly
+        caption = (f"Plan #1: stage {worst} needs {need / GIB:.1f} GiB, more than the {hbm / GIB:.0f} GiB of HBM, "
+                   f"although the plan's fit check found {best.candidate.memory.total_bytes / GIB:.1f} GiB on "
+                   f"stage {best.candidate.peak_stage} — treat this plan as not fitting.")
+    else:
+        caption = (f"Plan #1: stage {worst} is the fullest, {need / GIB:.1f} of {hbm / GIB:.0f} GiB; the gap to "
+                   "the dashed line is headroom.")
+    return figure(chart, caption, "fig-memory-stages")
 
 
 def _peak_memory(figures: PlanFigures) -> str:
