@@ -202,3 +202,16 @@ def test_the_fit_check_sees_the_fullest_stage_of_an_uneven_pipeline() -> None:
     every = [stage_memory(model, layout, stage=s, **shape).total_bytes for s in range(layout.pp)]  # type: ignore[arg-type]
     _, peak = peak_stage_memory(model, layout, **shape)  # type: ignore[arg-type]
     assert peak.total_bytes == pytest.approx(max(every), rel=1e-12)
+
+
+def test_a_plan_without_a_bill_still_draws_what_it_can(planned: tuple[PlanResult, PlanFigures]) -> None:
+    from gpufleet.planner.plan import Plan
+
+    result, _ = planned
+    bare = [Plan(p.rank, p.candidate, p.train_time_s, None) for p in result.plans]
+    unpriced = PlanResult(result.request, result.job, result.cluster, result.search, bare,
+                          "no purchase price for node 'x'")
+    page = plan_report(plan_figures(unpriced, load_catalog([])), "test")
+    assert "No cost, power or goodput: no purchase price for node &#x27;x&#x27;" in page
+    assert page.count("<figure") == 7  # cost, power and goodput say why they are missing instead
+    assert "cannot be priced" in page and "No power figures" in page and "No reliability figures" in page

@@ -132,3 +132,13 @@ def test_validate_html(tmp_path: Path) -> None:
 def test_validate_html_refuses_an_unwritable_path(tmp_path: Path) -> None:
     done = gpufleet("validate", "--html", str(tmp_path / "missing" / "v.html"))
     assert done.returncode == 2 and "does not exist" in one_error_line(done)
+
+
+def test_report_refuses_a_sweep_it_no_longer_reproduces(tmp_path: Path) -> None:
+    done = gpufleet("plan", "-n", "8,16", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    data["sweep"][1]["step_s"] /= 2
+    (tmp_path / "sweep.json").write_text(json.dumps(data))
+    refused = gpufleet("report", str(tmp_path / "sweep.json"), "-o", str(tmp_path / "x.html"))
+    assert refused.returncode == 2 and "no longer gives plan 16:" in one_error_line(refused)

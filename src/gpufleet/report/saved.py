@@ -18,7 +18,7 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
-from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
+from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
 from gpufleet.report.plan_figures import PlanFigures, ScalingPoint, plan_figures
 
 #: `"kind"` of a file `plan --json` writes.
@@ -63,7 +63,7 @@ def saved_header(request: PlanRequest) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SavedPlan:
     request: PlanRequest
-    #: one count: the layouts shown, in order, with their step times; a sweep: empty
+    #: one count: the layouts shown, in order, with their step times; a sweep: each count's best, keyed "N GPUs"
     plans: tuple[tuple[str, float], ...]
     counts: tuple[int, ...] | None  # a sweep's GPU counts
     deadline_s: float | None
@@ -81,8 +81,10 @@ def read_saved_plan(data: Any, name: str) -> SavedPlan:
     try:
         if "sweep" in data:
             counts = tuple(int(row["gpus"]) for row in data["sweep"])
+            best = tuple((f"{row['gpus']}:{row['layout']['label']}", float(row["step_s"]))
+                         for row in data["sweep"] if row["fits"])
             deadline = data.get("deadline_s")
-            return SavedPlan(request, (), counts, float(deadline) if deadline is not None else None)
+            return SavedPlan(request, best, counts, float(deadline) if deadline is not None else None)
         plans = tuple((str(p["layout"]["label"]), float(p["step_s"])) for p in data["plans"])
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"{name}: plan file is incomplete or malformed ({error})") from error
@@ -94,24 +96,29 @@ def read_saved_plan(data: Any, name: str) -> SavedPlan:
 def rerun_figures(saved: SavedPlan, catalog: Catalog, name: str) -> PlanFigures:
     """Re-run the saved request and return the report's figures, if the re-run reproduces the saved plans."""
     if saved.counts is not None:
-        return sweep_figures(saved.request, saved.counts, catalog, saved.deadline_s)
+        results = sweep_results(saved.request, saved.counts, catalog)
+        found = {f"{count}:{r.plans[0].layout.short()}": r.plans[0] for count, r in results.items()}
+        _check_same(found, saved.plans, name)
+        return sweep_report_figures(results, catalog, saved.deadline_s)
     result = make_plan(saved.request, catalog)
     found = {plan.layout.short(): plan for plan in result.plans}
-    shown = []
-    for label, step_s in saved.plans:
+    _check_same(found, saved.plans, name)
+    result.plans = [found[label] for label, _ in saved.plans]
+    return plan_figures(result, catalog)
+
+
+def _check_same(found: dict[str, Plan], saved: tuple[tuple[str, float], ...], name: str) -> None:
+    """Every saved plan (by label) is among the re-run's, with the same step time."""
+    for label, step_s in saved:
         plan = found.get(label)
         if plan is None or not math.isclose(plan.candidate.step.step_s, step_s, rel_tol=RERUN_TOLERANCE):
             raise InputError(f"{name}: re-planning its request no longer gives plan {label} with a {step_s:.4g} s "
                              "step — the catalog differs from the one it was planned with (pass the same "
                              "--catalog files) or the model changed; plan it again")
-        shown.append(plan)
-    result.plans = shown
-    return plan_figures(result, catalog)
 
 
-def sweep_figures(base: PlanRequest, counts: tuple[int, ...], catalog: Catalog,
-                  deadline_s: float | None) -> PlanFigures:
-    """A GPU-count sweep's report: the best plan per count, and the chosen count drawn in detail."""
+def sweep_results(base: PlanRequest, counts: tuple[int, ...], catalog: Catalog) -> dict[int, PlanResult]:
+    """The best plan at each count of a sweep that has one (as `plan -n A-B` plans them)."""
     results: dict[int, PlanResult] = {}
     for count in sorted(counts):
         try:
@@ -120,7 +127,7 @@ def sweep_figures(base: PlanRequest, counts: tuple[int, ...], catalog: Catalog,
             continue
     if not results:
         raise GpufleetError(f"no GPU count of {', '.join(map(str, counts))} has a plan")
-    return sweep_report_figures(results, catalog, deadline_s)
+    return results
 
 
 def sweep_report_figures(results: dict[int, PlanResult], catalog: Catalog, deadline_s: float | None) -> PlanFigures:
