@@ -14,7 +14,7 @@ _STYLE = (
     "line-height:1.45}h1{font-size:1.5em}h2{margin-top:2em;border-bottom:1px solid #ccc}"
     "table{border-collapse:collapse;margin:.5em 0}td,th{padding:3px 10px;text-align:right;"
     "border-bottom:1px solid #eee;white-space:nowrap}td:first-child,th:first-child{text-align:left}"
-    "td:last-child{white-space:normal}tr:nth-child(even){background:#f6f6f6}"
+    "td:last-child{white-space:normal;min-width:20em}tr:nth-child(even){background:#f6f6f6}"
     "figure{margin:1.5em 0;padding:.5em;border:1px solid #ddd}"
     "figure svg{display:block;max-width:100%;height:auto}figcaption{font-style:italic;margin:.4em 0}"
     ".scroll{overflow-x:auto}table{font-size:.92em}details{font-size:.9em}"

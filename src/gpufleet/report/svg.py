@@ -98,6 +98,8 @@ def _linear_ticks(low: float, high: float) -> tuple[float, float, list[float]]:
         high = low + (abs(low) or 1.0)
     step = _nice_step(high - low)
     first, last = math.floor(low / step), math.ceil(high / step)
+    first -= first * step > low  # low / step can underflow or round across an integer
+    last += last * step < high
     return first * step, last * step, [k * step for k in range(first, last + 1)]  # k x step: no summed error
 
 

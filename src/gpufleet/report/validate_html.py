@@ -90,12 +90,12 @@ def _summary_table(summary: dict[str, Any]) -> str:
 
 
 def _error_table(pairs: list[tuple[str, RunPrediction]]) -> str:
-    rows = [[p.id, source, p.quality, p.layout.short() if p.layout else "–",
+    rows = [[p.id, f"{p.error:+.1%}" if p.error is not None else "–",
              f"{p.predicted_tokens_per_s_per_gpu:,.0f}" if p.predicted_tokens_per_s_per_gpu else "–",
-             f"{p.target_tokens_per_s_per_gpu:,.0f}", f"{p.error:+.1%}" if p.error is not None else "–", p.note]
+             f"{p.target_tokens_per_s_per_gpu:,.0f}", source, p.quality, p.layout.short() if p.layout else "–", p.note]
             for source, p in sorted(pairs, key=lambda item: -abs(item[1].error or 0))]
-    return table(["run", "source", "quality", "layout", "predicted tok/s/GPU", "measured tok/s/GPU", "error",
-                  "note"], rows, "llllrrrl")
+    return table(["run", "error", "predicted tok/s/GPU", "measured tok/s/GPU", "source", "quality", "layout",
+                  "note"], rows, "lrrrllll")
 
 
 def write_validate_report(path: Path, runs: list[PublishedRun], predictions: list[RunPrediction],
