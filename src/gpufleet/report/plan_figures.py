@@ -26,7 +26,15 @@ from gpufleet.economics.tco import HOURS_PER_MONTH, onprem_tco
 from gpufleet.errors import GpufleetError
 from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory, stage_memory
 from gpufleet.perf.step import estimate_step, run_time_s
-from gpufleet.planner.plan import CHECKPOINT_BYTES_PER_PARAM, Plan, PlanRequest, PlanResult, build_cluster, build_job
+from gpufleet.planner.plan import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    Plan,
+    PlanRequest,
+    PlanResult,
+    build_cluster,
+    build_job,
+    request_node,
+)
 from gpufleet.planner.runs import stack_calibration
 from gpufleet.reliability.goodput import goodput
 from gpufleet.workload.params import count_params
@@ -150,7 +158,7 @@ def scaling_points(result: PlanResult, catalog: Catalog) -> tuple[ScalingPoint, 
 def _wall_time_s(catalog: Catalog, request: PlanRequest, gpus: int, train_s: float, checkpoint_bytes: float,
                  mfu: float) -> float:
     """Time-to-train with failures where the economics can be computed, else the failure-free time."""
-    node = catalog.node(request.node) if request.node else catalog.node_for_gpu(catalog.gpu(request.gpu).id)
+    node = request_node(request, catalog)
     try:
         return run_economics(catalog, node=node, gpus=gpus, train_time_s=train_s, checkpoint_bytes=checkpoint_bytes,
                              utilization_mfu=mfu).wall_time_s
