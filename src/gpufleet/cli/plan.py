@@ -28,8 +28,8 @@ from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
 from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe, recipe_search_space
 from gpufleet.planner.search import SearchSpace
-from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import check_output_path, write_series_plot
+from gpufleet.report.saved import saved_header
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
 
 GIB = 2**30
@@ -85,6 +85,7 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
 def result_to_dict(result: PlanResult) -> dict[str, Any]:
     job, cluster = result.job, result.cluster
     return {
+        **saved_header(result.request),  # what `gpufleet report PLAN.json` needs to re-run and draw it
         "job": {"model": job.model.id, "tokens": job.tokens, "seq_len": job.seq_len,
                 "global_batch": job.global_batch, "precision": job.precision},
         "cluster": {"gpu": cluster.gpu.id, "gpus": cluster.gpus, "node": cluster.node.id,
@@ -227,8 +228,9 @@ def register(app: typer.Typer) -> None:
         deadline: str = typer.Option(None, "--deadline",
                                      help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
         budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
-        html_report: Path = typer.Option(None, "--html", help="Also write an HTML report (ranked table and a "
-                                         "bar of where each plan's step time goes) to FILE."),
+        html_report: Path = typer.Option(None, "--html", help="Also write a self-contained HTML report to FILE "
+                                         "(ranked plans, memory per stage, step time, scaling, cost over time, power, "
+                                         "goodput; docs/report.md); works for one count and for a sweep."),
         plot: Path = typer.Option(None, "--plot", help="With a GPU-count sweep: write the best plan's tokens/s per "
                                   "GPU against GPUs to FILE (.png/.svg/.pdf need matplotlib; .html writes a table)."),
         fabric_model: str = typer.Option("analytical", "--fabric-model",
@@ -295,7 +297,7 @@ def register(app: typer.Typer) -> None:
         check_gpu_count(max(counts))
         deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         sweep = len(counts) > 1 or deadline_s is not None
-        single_only = {"--top": top, "--explain": explain, "--budget": budget, "--html": html_report}
+        single_only = {"--top": top, "--explain": explain, "--budget": budget}
         given = [flag for flag, value in single_only.items() if value is not None]
         if sweep and given:
             verb = "applies" if len(given) == 1 else "apply"
@@ -323,9 +325,9 @@ def register(app: typer.Typer) -> None:
                                         eager))
         if not sweep:
             result = _plan_with_spinner(out, base, cat)
-            _emit_single(out, result, explain, budget, top, html_report)
+            _emit_single(out, result, explain, budget, top, html_report, cat)
             return
-        _emit_sweep(out, cat, base, counts, deadline_s, plot)
+        _emit_sweep(out, cat, base, counts, deadline_s, plot, html_report)
 
     def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
                    ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
@@ -349,7 +351,7 @@ def register(app: typer.Typer) -> None:
             return make_plan(request, cat, progress=tried)
 
     def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int,
-                     html_report: Path | None = None) -> None:
+                     html_report: Path | None = None, cat: Any = None) -> None:
         if result.economics_error is not None:
             if result.request.rank_by == "cost":
                 out.check_failed(f"--rank-by cost needs the plans' cost, which cannot be computed: "
@@ -371,10 +373,11 @@ def register(app: typer.Typer) -> None:
         data = result_to_dict(result)
         data["plans"] = [plan_to_dict(p, result) for p in shown]
         if html_report is not None:
-            try:
-                html_report.write_text(plan_report_html(data), encoding="utf-8")
-            except OSError as error:
-                raise InputError(f"cannot write {html_report}: {error.strerror}") from error
+            from gpufleet.report.plan_figures import plan_figures
+            from gpufleet.report.plan_html import write_plan_report
+
+            view = PlanResult(result.request, result.job, result.cluster, result.search, shown, result.economics_error)
+            write_plan_report(html_report, plan_figures(view, cat), "Planned by gpufleet plan.")
             data["html"] = str(html_report)
 
         def render(console: Console) -> None:
@@ -387,8 +390,9 @@ def register(app: typer.Typer) -> None:
         out.emit(data, render)
 
     def _emit_sweep(out: Output, cat: Any, base: PlanRequest, counts: list[int], deadline_s: float | None,
-                    plot: Path | None) -> None:
+                    plot: Path | None, html_report: Path | None = None) -> None:
         rows: list[dict[str, Any]] = []
+        results: dict[int, PlanResult] = {}  # for --html
         started = time.monotonic()
         chosen: dict[str, Any] | None = None
         with out.progress(*Progress.get_default_columns()) as progress:
@@ -402,6 +406,7 @@ def register(app: typer.Typer) -> None:
                     rows.append({"gpus": count, "fits": False, "verdict": verdict, "reason": str(error)})
                 else:
                     best = result.plans[0]
+                    results[count] = result
                     row = {"gpus": count, "global_batch": result.job.global_batch, "fits": True,
                            **plan_to_dict(best, result)}
                     if result.economics_error is not None:
@@ -424,7 +429,14 @@ def register(app: typer.Typer) -> None:
             if all(row["verdict"] == "no legal layout" for row in rows):
                 out.fail(message, EXIT_USAGE)  # counts to change, as for one count
             out.check_failed(message, {"framework": framework_to_dict(base), "sweep": rows})
-        data: dict[str, Any] = {"framework": framework_to_dict(base), "sweep": rows}
+        data: dict[str, Any] = {**saved_header(base), "framework": framework_to_dict(base), "sweep": rows}
+        if html_report is not None:
+            from gpufleet.report.plan_html import write_plan_report
+            from gpufleet.report.saved import sweep_report_figures
+
+            write_plan_report(html_report, sweep_report_figures(results, cat, deadline_s),
+                              "Planned by gpufleet plan over a GPU-count sweep; the detail is the count named above.")
+            data["html"] = str(html_report)
         if plot is not None:
             fitting = [row for row in rows if row["fits"]]
             label = f"{base.model} on {base.gpu}"

@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         plot: Path = typer.Option(None, "--plot", help="Write predicted against measured tokens/s per GPU "
                                   "(log axes, ±25 % band; colour = quality, or = group with --rank) to FILE: "
                                   ".png/.svg/.pdf need matplotlib, .html writes a table."),
+        html_report: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to FILE: a "
+                                         "parity plot (one colour per source), the error table and the summary "
+                                         "figures (docs/report.md)."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -51,6 +54,10 @@ def register(app: typer.Typer) -> None:
             from gpufleet.report.plots import check_output_path
 
             check_output_path(plot, "--plot")
+        if html_report is not None:
+            from gpufleet.report.plots import check_output_path
+
+            check_output_path(html_report, "--html", (".html", ".htm"))
         cat = open_catalog(catalog)
         loaded = load_runs(runs)
         if node is not None:
@@ -81,6 +88,12 @@ def register(app: typer.Typer) -> None:
             write_parity_plot(plot, points, quantity="tokens/s per GPU",
                               title=f"gpufleet validate: {len(points)} runs, predicted vs measured")
             data["plot"] = str(plot)
+        if html_report is not None and any(p.predicted_tokens_per_s_per_gpu for p in predictions):
+            from gpufleet.report.validate_html import write_validate_report
+
+            write_validate_report(html_report, loaded, predictions, summary,
+                                  f"gpufleet validate: {runs if runs is not None else 'shipped published runs'}")
+            data["html"] = str(html_report)
 
         def render(console: Console) -> None:
             source = f"runs in {runs}" if runs is not None else "shipped published runs"

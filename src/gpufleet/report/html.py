@@ -1,80 +1,71 @@
-"""A self-contained HTML report of a plan: the ranked table and, per plan, where the step time goes.
-
-Bars are inline SVG, so the report needs no plotting library and opens anywhere.
-"""
+"""The page around the report's charts, and writing it safely (temporary file, then rename)."""
 
 from __future__ import annotations
 
 import html
-from typing import Any
+import os
+import tempfile
+from pathlib import Path
 
-#: One colour per kind of step part (compute blue, communication orange/red, idle grey).
-_PART_COLOURS = {
-    "compute": "#4C78A8", "comm": "#F58518", "bubble": "#BAB0AC", "stage-imbalance": "#D4A6C8",
-    "optimizer": "#54A24B", "overhead": "#9D755D",
-}
+from gpufleet.errors import InputError
 
-
-def _colour(part: str) -> str:
-    return _PART_COLOURS.get(part.split(".")[0], "#B279A2")
-
-
-def _step_bar_svg(parts: dict[str, dict[str, Any]], step_s: float, width: int = 640) -> str:
-    """A horizontal stacked bar of the exposed seconds of each part, with a legend."""
-    x = 0.0
-    rects: list[str] = []
-    legend: list[str] = []
-    for index, (name, part) in enumerate(parts.items()):
-        exposed = float(part["exposed_s"])
-        if exposed <= 0 or step_s <= 0:
-            continue
-        w = width * exposed / step_s
-        title = html.escape(f"{name}: {exposed * 1e3:,.1f} ms exposed ({exposed / step_s:.1%})")
-        rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="22" fill="{_colour(name)}">'
-                     f"<title>{title}</title></rect>")
-        legend.append(f'<text x="{(index % 4) * 160}" y="{40 + 14 * (index // 4)}" font-size="11">'
-                      f'<tspan fill="{_colour(name)}">■</tspan> {html.escape(name)} {exposed / step_s:.0%}</text>')
-        x += w
-    height = 48 + 14 * ((len(parts) + 3) // 4)
-    return (f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
-            + "".join(rects) + "".join(legend) + "</svg>")
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:980px;padding:0 1em;color:#222;"
+    "line-height:1.45}h1{font-size:1.5em}h2{margin-top:2em;border-bottom:1px solid #ccc}"
+    "table{border-collapse:collapse;margin:.5em 0}td,th{padding:3px 10px;text-align:right;"
+    "border-bottom:1px solid #eee;white-space:nowrap}td:first-child,th:first-child{text-align:left}"
+    "td:last-child{white-space:normal;min-width:20em}tr:nth-child(even){background:#f6f6f6}"
+    "figure{margin:1.5em 0;padding:.5em;border:1px solid #ddd}"
+    "figure svg{display:block;max-width:100%;height:auto}figcaption{font-style:italic;margin:.4em 0}"
+    ".scroll{overflow-x:auto}table{font-size:.92em}details{font-size:.9em}"
+    ".summary{font-size:1.1em;background:#f3f7fb;padding:.7em 1em;"
+    "border-left:4px solid #0072B2}.note{color:#555;font-size:.9em}"
+)
 
 
-def plan_report_html(data: dict[str, Any]) -> str:
-    """Render `gpufleet plan --json` data (one request) as an HTML page."""
-    job, cluster, search = data["job"], data["cluster"], data["search"]
-    title = (f"{job['model']}: {job['tokens'] / 1e9:,.0f}B tokens on {cluster['gpus']} x {cluster['gpu']} "
-             f"({cluster['network']} {cluster['topology']} {cluster['oversubscription']:g}:1)")
-    rows = []
-    for plan in data["plans"]:
-        offers = plan.get("cost", {}).get("offers") or []
-        cheapest = f"${offers[0]['usd']:,.0f} ({html.escape(offers[0]['name'])})" if offers else "–"
-        rows.append(
-            f"<tr><td>{plan['rank']}</td><td>{html.escape(plan['layout']['label'])}</td>"
-            f"<td>{plan['peak_memory_bytes'] / 2**30:.1f} / {plan['hbm_bytes'] / 2**30:.0f} GiB</td>"
-            f"<td>{plan['step_s']:.3f} s</td><td>{plan['tokens_per_s_per_gpu']:,.0f}</td><td>{plan['mfu']:.1%}</td>"
-            f"<td>{plan['time_to_train_s'] / 86400:.1f} d</td><td>{cheapest}</td></tr>")
-    sections = [
-        f"<h2>#{plan['rank']} {html.escape(plan['layout']['label'])}: {plan['step_s']:.3f} s per step</h2>"
-        + _step_bar_svg(plan["parts"], plan["step_s"])
-        for plan in data["plans"]
-    ]
-    rejected = ", ".join(f"{count} {html.escape(reason)}" for reason, count in search["infeasible"].items())
-    framework = data.get("framework") or {}
-    stack = (f" Framework: {html.escape(framework['stack'])}'s documented settings."
-             if framework.get("stack") else "")
-    if framework.get("fused_elementwise") is False:
-        stack += " Element-wise ops priced as eager PyTorch kernels (no torch.compile)."
+def page(title: str, body: list[str]) -> str:
+    """A complete, self-contained HTML document: inline style, no scripts, no external resources."""
     return "\n".join([
-        "<!doctype html><html><head><meta charset='utf-8'><title>gpufleet plan</title>",
-        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 10px;text-align:right}"
-        "td:nth-child(2){text-align:left}table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}"
-        "</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>seq {job['seq_len']}, global batch {job['global_batch']}, {html.escape(job['precision'])}. "
-        f"Layouts tried {search['tried']}: {search['feasible']} fit; rejected: {rejected or 'none'}.{stack}</p>",
-        "<table><tr><th>#</th><th>layout</th><th>memory / HBM</th><th>step</th><th>tokens/s/GPU</th>"
-        "<th>MFU</th><th>time-to-train</th><th>cheapest cloud</th></tr>",
-        *rows, "</table>", "<h2>Where each step goes (exposed time)</h2>", *sections,
-        "<p>Generated by gpufleet; the model and its assumptions: docs/model.md.</p></body></html>",
+        "<!doctype html>",
+        "<html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        *body,
+        "<p class='note'>Colours: the Okabe-Ito palette, safe for the common colour-vision deficiencies "
+        "(Okabe &amp; Ito, <i>Color Universal Design</i>, 2008, https://jfly.uni-koeln.de/color/); lines also "
+        "differ by marker shape. Each chart's data is in the table under it. Generated by gpufleet; the model "
+        "and its assumptions: docs/model.md, the report: docs/report.md.</p>",
+        "</body></html>",
     ])
+
+
+def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
+    """A table in a horizontally scrolling box (wide tables never widen the page); `align` gives each column
+    l(eft) or r(ight), left by default."""
+    def cell(tag: str, index: int, text: str) -> str:
+        side = "right" if index < len(align) and align[index] == "r" else "left"
+        return f"<{tag} style='text-align:{side}'>{html.escape(text, quote=False)}</{tag}>"
+
+    head = "".join(cell("th", i, text) for i, text in enumerate(header))
+    body = "".join("<tr>" + "".join(cell("td", i, text) for i, text in enumerate(row)) + "</tr>" for row in rows)
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+
+
+def write_report(path: Path, text: str, flag: str = "--html") -> None:
+    """Write `text` to `path` whole or not at all: a temporary file in the same folder, then a rename.
+    An unwritable place is one clear InputError (exit 2); a file already there is left untouched."""
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise InputError(f"{flag} {path}: cannot write there: {error.strerror or error}") from error
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            os.fchmod(stream.fileno(), 0o644)  # mkstemp's 0600 would hide a report meant to be shared
+            stream.write(text)
+        os.replace(temporary, path)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        raise InputError(f"{flag} {path}: cannot write there: {error.strerror or error}") from error
+    except BaseException:  # anything else (an interrupt, a text that cannot be encoded): no temporary left
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,146 @@
+"""Reading back what `plan --json` wrote, so `gpufleet report PLAN.json` can draw it.
+
+The JSON keeps the plan's numbers for scripts but not everything the report draws (memory of every stage,
+nearby GPU counts, cost curves). Rather than widen the JSON for every caller, plan records the exact request
+(`"request"`, every field of `PlanRequest`) and the version that wrote it; the report re-runs that request with
+today's catalog and checks that it finds the same plans, with the same step times, before drawing anything.
+A file from another version, or one whose plans a re-run no longer reproduces, is refused with one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet import __version__
+from gpufleet.catalog.registry import Catalog
+from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
+from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
+from gpufleet.report.plan_figures import PlanFigures, ScalingPoint, plan_figures
+
+#: `"kind"` of a file `plan --json` writes.
+PLAN_KIND = "gpufleet-plan"
+#: Relative difference in a step time above which a re-run is "not the same plan" (float noise is ~1e-15).
+RERUN_TOLERANCE = 1e-6
+
+
+def request_to_dict(request: PlanRequest) -> dict[str, Any]:
+    """Every field of the request, nested dataclasses as objects, tuples as lists (JSON-ready)."""
+    return dataclasses.asdict(request)
+
+
+def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "request") -> Any:
+    """The dataclass `cls` rebuilt from `request_to_dict`'s output; unknown or malformed fields: InputError."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where} must be an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(f"{where} has unknown field(s) {', '.join(unknown)}")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            value = request_from_dict(value, hint, f"{where}.{name}")
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"{where} is malformed: {error}") from error
+
+
+def saved_header(request: PlanRequest) -> dict[str, Any]:
+    """The keys that make a `plan --json` file readable by `gpufleet report`."""
+    return {"kind": PLAN_KIND, "gpufleet_version": __version__, "request": request_to_dict(request)}
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    request: PlanRequest
+    #: one count: the layouts shown, in order, with their step times; a sweep: each count's best, keyed "N GPUs"
+    plans: tuple[tuple[str, float], ...]
+    counts: tuple[int, ...] | None  # a sweep's GPU counts
+    deadline_s: float | None
+
+
+def read_saved_plan(data: Any, name: str) -> SavedPlan:
+    """Check that `data` is a plan written by this version of gpufleet and take out what a re-run needs."""
+    if not isinstance(data, dict) or data.get("kind") != PLAN_KIND:
+        raise InputError(f"{name} is not a gpufleet plan (write one with: gpufleet plan ... --json > {name})")
+    version = data.get("gpufleet_version")
+    if version != __version__:
+        raise InputError(f"{name} was written by gpufleet {version}; this is {__version__} — plan it again with "
+                         "this version (gpufleet plan ... --json)")
+    request = request_from_dict(data.get("request"), where=f"{name}: request")
+    try:
+        if "sweep" in data:
+            counts = tuple(int(row["gpus"]) for row in data["sweep"])
+            best = tuple((f"{row['gpus']}:{row['layout']['label']}", float(row["step_s"]))
+                         for row in data["sweep"] if row["fits"])
+            deadline = data.get("deadline_s")
+            return SavedPlan(request, best, counts, float(deadline) if deadline is not None else None)
+        plans = tuple((str(p["layout"]["label"]), float(p["step_s"])) for p in data["plans"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise InputError(f"{name}: plan file is incomplete or malformed ({error})") from error
+    if not plans:
+        raise InputError(f"{name} holds no plan to report (the plan it records found none)")
+    return SavedPlan(request, plans, None, None)
+
+
+def rerun_figures(saved: SavedPlan, catalog: Catalog, name: str) -> PlanFigures:
+    """Re-run the saved request and return the report's figures, if the re-run reproduces the saved plans."""
+    if saved.counts is not None:
+        results = sweep_results(saved.request, saved.counts, catalog)
+        found = {f"{count}:{r.plans[0].layout.short()}": r.plans[0] for count, r in results.items()}
+        _check_same(found, saved.plans, name)
+        return sweep_report_figures(results, catalog, saved.deadline_s)
+    result = make_plan(saved.request, catalog)
+    found = {plan.layout.short(): plan for plan in result.plans}
+    _check_same(found, saved.plans, name)
+    result.plans = [found[label] for label, _ in saved.plans]
+    return plan_figures(result, catalog)
+
+
+def _check_same(found: dict[str, Plan], saved: tuple[tuple[str, float], ...], name: str) -> None:
+    """Every saved plan (by label) is among the re-run's, with the same step time."""
+    for label, step_s in saved:
+        plan = found.get(label)
+        if plan is None or not math.isclose(plan.candidate.step.step_s, step_s, rel_tol=RERUN_TOLERANCE):
+            raise InputError(f"{name}: re-planning its request no longer gives plan {label} with a {step_s:.4g} s "
+                             "step — the catalog differs from the one it was planned with (pass the same "
+                             "--catalog files) or the model changed; plan it again")
+
+
+def sweep_results(base: PlanRequest, counts: tuple[int, ...], catalog: Catalog) -> dict[int, PlanResult]:
+    """The best plan at each count of a sweep that has one (as `plan -n A-B` plans them)."""
+    results: dict[int, PlanResult] = {}
+    for count in sorted(counts):
+        try:
+            results[count] = make_plan(dataclasses.replace(base, gpus=count, top=1), catalog)
+        except (InfeasibleError, NoLegalLayoutError):
+            continue
+    if not results:
+        raise GpufleetError(f"no GPU count of {', '.join(map(str, counts))} has a plan")
+    return results
+
+
+def sweep_report_figures(results: dict[int, PlanResult], catalog: Catalog, deadline_s: float | None) -> PlanFigures:
+    """Figures for a sweep whose per-count results are at hand (`plan -n A-B --html`)."""
+    points = tuple(ScalingPoint("best plan per count", count, r.plans[0].candidate.step.tokens_per_s_per_gpu,
+                                r.plans[0].wall_time_s) for count, r in sorted(results.items()))
+    return plan_figures(results[chosen_count(results, deadline_s)], catalog, sweep=points, deadline_s=deadline_s)
+
+
+def chosen_count(results: dict[int, PlanResult], deadline_s: float | None) -> int:
+    """The count a sweep's report details: the smallest that meets the deadline, else the fastest."""
+    meeting = [count for count, r in sorted(results.items())
+               if deadline_s is not None and r.plans[0].wall_time_s <= deadline_s]
+    if meeting:
+        return meeting[0]
+    return min(results, key=lambda count: results[count].plans[0].wall_time_s)
