@@ -38,6 +38,7 @@ def node_network(cat: Catalog, node: NodeSpec) -> NetworkSpec | None:
     record = cat.records("networks").get(node.default_network)
     return record if isinstance(record, NetworkSpec) else None
 
+
 #: The largest --rack-kw taken (judgement: 10x the ~1 MW racks announced for 2027; far above it the rack count
 #: is meaningless and the power arithmetic overflows).
 MAX_RACK_KW = 10_000
