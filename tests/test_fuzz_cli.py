@@ -23,6 +23,7 @@ import random
 import re
 import shlex
 import signal
+import time
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -259,8 +260,10 @@ def run_in_process(args: list[str]) -> Outcome:
     def alarm(signum: int, frame: Any) -> None:
         raise _Hang
 
+    outer_left_s = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's own alarm, if it set one
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(INVOCATION_LIMIT_S)
+    signal.setitimer(signal.ITIMER_REAL, INVOCATION_LIMIT_S)
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             run(list(args))
@@ -271,8 +274,10 @@ def run_in_process(args: list[str]) -> Outcome:
     except BaseException:  # what escapes the entry point is what the fuzz looks for
         code, crash = None, traceback.format_exc()
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_left_s:  # give the test's own timeout back what it had left
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left_s - (time.monotonic() - started), 0.001))
     return Outcome(tuple(args), code, stdout.getvalue(), stderr.getvalue(), crash)
 
 
@@ -358,8 +363,9 @@ def test_fuzzed_invocations_end_cleanly_in_process(fuzz_root: tuple[Path, dict[s
     assert not failures, "\n".join(failures[:40])
 
 
-def subprocess_set(tmp: Path, files: dict[str, str]) -> list[list[str]]:
-    """Named pipes and devices for every file option, the long arguments, and a seeded sample of the corpus."""
+def subprocess_set(tmp: Path, files: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    """(arguments, environment) pairs: named pipes and devices for every file option and in $GPUFLEET_CATALOG, the
+    long arguments, and a seeded sample of the corpus."""
     chosen: list[list[str]] = []
     for leaf in leaves():
         base = split_baseline(leaf, [a.replace("{tmp}", str(tmp)) for a in BASELINES.get(leaf.name, example(leaf))])
@@ -371,7 +377,8 @@ def subprocess_set(tmp: Path, files: dict[str, str]) -> list[list[str]]:
     chosen.append(["catalog", "show", LONG])
     chosen.append(["plan", "-m", LONG_SPACED, "-t", "1T", "-n", "8"])
     chosen += random.Random(SEED).sample(corpus(tmp, files), SUBPROCESS_SAMPLE)
-    return chosen
+    from_environment = [(["catalog", "list"], {ENV_VAR: files[name]}) for name in ("pipe_folder", "deep.yaml")]
+    return [(args, {}) for args in chosen] + from_environment
 
 
 @pytest.mark.timeout(900)
@@ -379,9 +386,9 @@ def test_fuzzed_invocations_end_cleanly_as_real_processes(fuzz_root: tuple[Path,
                                                           record_property: Any) -> None:
     tmp, files = fuzz_root
     outcomes = []
-    for args in subprocess_set(tmp, files):
+    for args, env in subprocess_set(tmp, files):
         try:
-            done = run_gpufleet(*args, timeout=INVOCATION_LIMIT_S + 10)
+            done = run_gpufleet(*args, env=env, timeout=INVOCATION_LIMIT_S + 10)
             outcomes.append(Outcome(tuple(args), done.returncode, done.stdout, done.stderr))
         except Exception as error:  # a timeout is a hang: reported with the rest
             outcomes.append(Outcome(tuple(args), None, "", "", f"{type(error).__name__}: {error}"))
