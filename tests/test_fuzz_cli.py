@@ -4,8 +4,9 @@ The commands are discovered from the typer app, so a command added later is fuzz
 baseline invocation (BASELINES below, else the first `gpufleet …` example of its --help) and every option and
 argument in turn gets hostile values of its type (empty, negative, nan, 1e400, 40 nines, full-width digits, a
 thousands separator, a 100 KB value, a named pipe, /dev/null, a folder, YAML and JSON nested 1,000 deep, a
-binary file, a 16 MiB+1 sparse file, …); then seeded random invocations change several at once. The corpus is
-fixed (random.Random(SEED)): the same invocations on every run.
+binary file, a 16 MiB+1 sparse file, …); then seeded random invocations change several at once, and run files
+and catalog files with one field changed (0, -1, 16385, inf, a word, null, a list…) go to `validate --runs` and
+to commands that read the changed GPU. The corpus is fixed (random.Random(SEED)): the same invocations every run.
 
 Each invocation must end with exit 0, 1 or 2, print no traceback, end an exit 2 with one `error: ` line whose length
 is bounded, and finish within INVOCATION_LIMIT_S. The corpus runs in-process through the real entry point
@@ -33,6 +34,7 @@ from typing import Any
 
 import pytest
 import typer
+import yaml
 
 from clirun import ENV_VAR, run_gpufleet
 from gpufleet.catalog import registry
@@ -235,6 +237,58 @@ def corpus(tmp: Path, files: dict[str, str]) -> list[list[str]]:
             for param, values in rng.sample(choices, min(3, len(choices))):
                 args = with_value(leaf, split_baseline(leaf, args), param, rng.choice(values))[len(leaf.words):]
             invocations.append([*leaf.words, *args])
+    return invocations + mutated_documents(tmp, rng)
+
+
+#: Values one field of a run or catalog record is changed to: the one-character typos and slips of a user's file.
+FIELD_VALUES: list[Any] = [0, -1, 3, 16385, 1e-300, 1e308, float("inf"), "x", None, [1], {"a": 1}]
+#: Mutated run files (`validate --runs`) and catalog files (cheap commands with --catalog) in the corpus.
+MUTATED_RUN_FILES = 60
+MUTATED_CATALOG_FILES = 40
+#: The commands a mutated catalog is handed to (each reads the GPU, node and prices the mutation may break).
+CATALOG_COMMANDS = [["memory", "-m", "llama3-8b", "-g", "h100-sxm", "-n", "8", "--tp", "8"],
+                    ["facility", "--gpus", "64", "--gpu", "h100-sxm"],
+                    ["cost", "--gpu-hours", "1e5", "--gpu", "h100-sxm"],
+                    ["fabric", "simulate", "--gpus", "16", "--size", "1MiB"]]
+
+
+def _leaves_of(record: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths to every number and flag in a record (what a typo changes)."""
+    found: list[tuple[str, ...]] = []
+    for key, value in record.items():
+        if isinstance(value, dict):
+            found += _leaves_of(value, (*prefix, key))
+        elif isinstance(value, int | float) or value is None:
+            found.append((*prefix, key))
+    return found
+
+
+def _with_field(record: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(record)
+    target = changed
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return changed
+
+
+def mutated_documents(tmp: Path, rng: random.Random) -> list[list[str]]:
+    """Run files and catalog files with one field changed (seeded), written under `tmp`, and the invocation each."""
+    run = yaml.safe_load((tmp / "one_run.yaml").read_text(encoding="utf-8"))[0]
+    gpu = next(g for g in yaml.safe_load((Path(registry.__file__).parent / "data/gpus.yaml").read_text(
+        encoding="utf-8"))["gpus"] if g["id"] == "h100-sxm")
+    invocations: list[list[str]] = []
+    for index in range(MUTATED_RUN_FILES):
+        path = rng.choice(_leaves_of(run))
+        target = tmp / f"mutated_run_{index}.yaml"
+        target.write_text(yaml.safe_dump([_with_field(run, path, rng.choice(FIELD_VALUES))]), encoding="utf-8")
+        invocations.append(["validate", "--runs", str(target)])
+    for index in range(MUTATED_CATALOG_FILES):
+        path = rng.choice(_leaves_of(gpu))
+        target = tmp / f"mutated_catalog_{index}.yaml"
+        target.write_text(yaml.safe_dump({"gpus": [_with_field(gpu, path, rng.choice(FIELD_VALUES))]}),
+                          encoding="utf-8")
+        invocations.append([*rng.choice(CATALOG_COMMANDS), "--catalog", str(target)])
     return invocations
 
 
