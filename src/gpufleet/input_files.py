@@ -2,7 +2,8 @@
 
 Every such file must be a regular file (a named pipe would be read forever, /dev/null or a folder is not a
 document) of at most MAX_INPUT_BYTES, UTF-8 text, nested at most MAX_NESTING_LEVELS deep. Each refusal is a
-one-line typed error naming the file and what is allowed.
+one-line typed error naming the file and what is allowed. `parse_yaml` and `parse_json` apply the same bounds to
+text read some other way (a file on an object store).
 """
 
 from __future__ import annotations
@@ -103,23 +104,27 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _too_deep(path: Path, what: str, error: type[GpufleetError]) -> GpufleetError:
-    return error(f"{what} {path} nests lists or mappings more than {MAX_NESTING_LEVELS} levels deep")
+def _too_deep(name: Path | str, what: str, error: type[GpufleetError]) -> GpufleetError:
+    return error(f"{what} {name} nests lists or mappings more than {MAX_NESTING_LEVELS} levels deep")
 
 
 def load_yaml(path: Path, what: str, error: type[GpufleetError] = InputError) -> Any:
-    """The YAML document in `path` (read_text's checks first); a syntax error or nesting deeper than
-    MAX_NESTING_LEVELS becomes one line naming the file (and the line, where YAML says)."""
-    text = read_text(path, what, error)
+    """The YAML document in `path`: read_text's checks, then parse_yaml's."""
+    return parse_yaml(read_text(path, what, error), path, what, error)
+
+
+def parse_yaml(text: str, name: Path | str, what: str, error: type[GpufleetError] = InputError) -> Any:
+    """The YAML document in `text` (read from `name`, a path or URL the message names); a syntax error or nesting
+    deeper than MAX_NESTING_LEVELS becomes one line naming it (and the line, where YAML says)."""
     loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()
     except (_TooDeep, RecursionError):
-        raise _too_deep(path, what, error) from None
+        raise _too_deep(name, what, error) from None
     except yaml.YAMLError as problem:
         mark = getattr(problem, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise error(f"{what} {path}{where} is not valid YAML") from None
+        raise error(f"{what} {name}{where} is not valid YAML") from None
     finally:
         loader.dispose()
 
@@ -137,15 +142,20 @@ def _depth(document: Any) -> int:
 
 
 def load_json(path: Path, what: str, hint: str = "", error: type[GpufleetError] = InputError) -> Any:
-    """The JSON document in `path` (read_text's checks first); anything but JSON, or nesting deeper than
-    MAX_NESTING_LEVELS, becomes one line naming the file (`hint` after it: what the option takes)."""
-    text = read_text(path, what, error)
+    """The JSON document in `path`: read_text's checks, then parse_json's."""
+    return parse_json(read_text(path, what, error), path, what, hint, error)
+
+
+def parse_json(text: str, name: Path | str, what: str, hint: str = "", error: type[GpufleetError] = InputError
+               ) -> Any:
+    """The JSON document in `text` (read from `name`, a path or URL the message names); anything but JSON, or
+    nesting deeper than MAX_NESTING_LEVELS, becomes one line naming it (`hint` after it: what is expected)."""
     try:
         document = json.loads(text)
     except RecursionError:
-        raise _too_deep(path, what, error) from None
+        raise _too_deep(name, what, error) from None
     except ValueError:
-        raise error(f"{what} {path} is not JSON{f'; {hint}' if hint else ''}") from None
+        raise error(f"{what} {name} is not JSON{f'; {hint}' if hint else ''}") from None
     if _depth(document) > MAX_NESTING_LEVELS:
-        raise _too_deep(path, what, error)
+        raise _too_deep(name, what, error)
     return document
