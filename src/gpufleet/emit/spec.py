@@ -37,6 +37,15 @@ class LaunchSpec:
     #: where the job saves and loads checkpoints (a path the emitted files name; written to by the job, not here)
     checkpoint_dir: str = "/checkpoints"
     job_name: str = "gpufleet"
+    #: the training entry point and its arguments that the scheduler targets (slurm, k8s) start under torchrun,
+    #: e.g. ("pretrain_gpt.py", "--tensor-model-parallel-size", "8"); empty: the arguments given at submit time
+    #: (`sbatch job.sbatch train.py ...`)
+    train_command: tuple[str, ...] = ()
+    #: seconds one checkpoint save takes (the reliability model's write time; None without economics): how long
+    #: before its time limit a Slurm job is told to save
+    checkpoint_write_s: float | None = None
+    #: how the scheduler targets name hosts: prefix + 1-based number (node1, node2, ...), as in topology.conf
+    host_prefix: str = "node"
 
     @property
     def nodes(self) -> int:
