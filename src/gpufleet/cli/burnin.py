@@ -26,7 +26,7 @@ Examples:
         -m gpufleet burnin --steps 50 --checkpoint-dir ckpt --log-file burnin.jsonl
 
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
-        -m gpufleet burnin --measure-host host.yaml     # then: gpufleet plan --catalog host.yaml ...
+        -m gpufleet burnin --measure-host host.yaml --steps 20   # then: gpufleet plan --catalog host.yaml ...
 
 gloo on CPU, NCCL on GPUs (--backend to choose). Flags are spelled so that none is a prefix of a torchrun option.
 """
@@ -57,9 +57,12 @@ def register(app: typer.Typer) -> None:
                                          help="Serve StepMonitor's metrics on this port + local rank."),
         plan: Path = typer.Option(None, "--plan", help="A `gpufleet plan --json` file to compare step times with."),
         measure_host: Path = typer.Option(None, "--measure-host",
-                                          help="Instead of training: measure this host (GEMM at the model's shapes, "
-                                          "attention, memory, the collectives, disk at --checkpoint-dir) and write "
-                                          "a catalog YAML file for it."),
+                                          help="First measure this host (GEMMs at the model's shapes, attention, "
+                                          "element-wise kernels, the collectives, disk at --checkpoint-dir) and write "
+                                          "a catalog YAML file for it, then train."),
+        measure_clock: str = typer.Option("wall", "--measure-clock",
+                                          help="What --measure-host times with: wall seconds, or cpu seconds of "
+                                          "each process (on a host other jobs share; compare with the log's cpu_s)."),
         json_output: bool = JsonOption,
     ) -> None:
         from gpufleet.runtime.burnin.config import BurninConfig, ModelShape
@@ -70,10 +73,9 @@ def register(app: typer.Typer) -> None:
         config = BurninConfig(steps=steps, checkpoint_dir=checkpoint_dir, log_file=log_file, shape=shape,
                               micro_batch=micro_batch, checkpoint_every=checkpoint_every, keep_last=keep_last, lr=lr,
                               warmup_steps=warmup_steps, seed=seed, threads=threads or None,
-                              metrics_port=metrics_port, plan=plan, backend=backend)
-        if measure_host is not None:
-            _measure(out, config, measure_host)
-            return
+                              metrics_port=metrics_port, plan=plan, backend=backend,
+                              measure_clock=measure_clock)
+        host = _measure(out, config, measure_host) if measure_host is not None else None
         from gpufleet.runtime.burnin.train import run_burnin
 
         result = run_burnin(config)
@@ -81,7 +83,7 @@ def register(app: typer.Typer) -> None:
             return
         data = {"rank": result.rank, "world_size": result.world_size, "restart": result.restart,
                 "resumed_from": result.resumed_from, "first_step": result.first_step, "last_step": result.last_step,
-                "final_loss": result.final_loss, "median_step_s": result.median_step_s}
+                "final_loss": result.final_loss, "median_step_s": result.median_step_s, "host": host}
 
         def render(console: Console) -> None:
             where = "a fresh start" if result.resumed_from is None else f"checkpoint step {result.resumed_from}"
@@ -93,12 +95,15 @@ def register(app: typer.Typer) -> None:
         out.emit(data, render)
 
 
-def _measure(out: Output, config: BurninConfig, path: Path) -> None:
-    from gpufleet.runtime.burnin.measure import measure_host, write_host_catalog
+def _measure(out: Output, config: BurninConfig, path: Path) -> dict[str, object] | None:
+    """Measure the host and write its catalog file (rank 0); the figures for --json, None on other ranks."""
+    from gpufleet.runtime.burnin.host_catalog import write_host_catalog
+    from gpufleet.runtime.burnin.measure import measure_host
 
     measured = measure_host(config)
-    if measured is None:  # not rank 0
-        return
-    write_host_catalog(path, measured)
-    out.emit({"catalog": str(path), "measured": measured.as_dict()},
-             lambda console: console.print(measured.summary() + f"\nwrote {path}"))
+    if measured is None:
+        return None
+    write_host_catalog(path, measured, config.shape)
+    if not out.json_mode:
+        out.console.print(measured.summary() + f"\nwrote {path}")
+    return {"catalog": str(path), "measured": measured.as_dict()}

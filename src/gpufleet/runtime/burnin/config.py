@@ -61,6 +61,8 @@ class BurninConfig:
     metrics_port: int | None = None  # StepMonitor serves /metrics on port + local rank when set
     plan: Path | None = None  # a `gpufleet plan --json` file StepMonitor compares the step time with
     backend: str | None = None  # default: nccl when CUDA is available, else gloo
+    #: what --measure-host times kernels with: "wall" seconds, or "cpu" seconds of the process (a shared host)
+    measure_clock: str = "wall"
 
     def __post_init__(self) -> None:
         for name in ("steps", "micro_batch", "checkpoint_every", "keep_last"):
@@ -73,6 +75,8 @@ class BurninConfig:
             raise InputError(f"--lr must be in (0, 1), got {self.lr}")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"--threads must be >= 1, got {self.threads}")
+        if self.measure_clock not in ("wall", "cpu"):
+            raise InputError(f"--measure-clock must be wall or cpu, got {self.measure_clock!r}")
         if self.backend not in (None, "gloo", "nccl"):
             raise InputError(f"--backend must be gloo or nccl, got {self.backend!r}")
 

@@ -3,7 +3,8 @@
 torchrun's workers share the agent's TCPStore across restarts (TORCHELASTIC_USE_AGENT_STORE), so a restarted group
 writes its gloo addresses under the same keys its killed predecessor used: a rank that reads a dead peer's address
 gets "connection refused". Each round therefore uses its own key prefix (the restart count torchrun exports), and
-each attempt inside a round its own too, so that a failed attempt is retried on a clean slate after a pause.
+each attempt inside a round (and each group one process forms) its own too, so that a failed attempt is retried on
+a clean slate after a pause.
 A single-host job whose master is a loopback address also pins gloo to the loopback interface (GLOO_SOCKET_IFNAME=lo),
 since gloo otherwise binds to whatever the host name resolves to.
 """
@@ -40,7 +41,7 @@ class Identity:
 
 def identity_from_env() -> Identity:
     """This worker's place, from torchrun's environment; one line naming the variable when it is missing."""
-    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
     if missing:
         raise InputError(f"{', '.join(missing)} not set: start the burn-in under torchrun, e.g. `torchrun "
                          "--nproc-per-node 2 -m gpufleet burnin --steps 20 --checkpoint-dir ckpt --log-file "
@@ -55,16 +56,17 @@ def _base_store(me: Identity, timeout: timedelta) -> dist.Store:
     return dist.TCPStore(host, port, me.world_size, is_master=not agent_hosts and me.rank == 0, timeout=timeout)
 
 
-def join_group(me: Identity, backend: str) -> None:
+def join_group(me: Identity, backend: str, phase: str = "train") -> None:
     """init_process_group with a per-round, per-attempt store prefix. Every rank posts whether its attempt worked
-    and reads the others' answers, so the ranks retry together (after a doubling pause) or go on together."""
+    and reads the others' answers, so the ranks retry together (after a doubling pause) or go on together. `phase`
+    keeps the keys of successive groups in one process (measure, then train) apart."""
     if os.environ.get("MASTER_ADDR") in LOOPBACK and backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     timeout = timedelta(seconds=INIT_TIMEOUT_S)
     store = _base_store(me, timeout)
     pause_s = INIT_FIRST_PAUSE_S
     for attempt in range(INIT_ATTEMPTS):
-        prefix = f"gpufleet-burnin/round{me.restart}/attempt{attempt}"
+        prefix = f"gpufleet-burnin/{phase}/round{me.restart}/attempt{attempt}"
         problem = ""
         try:
             dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=me.rank,

@@ -1,6 +1,11 @@
 """The burn-in loop: a small GPT under FSDP2 that checkpoints with CheckpointManager, reports through StepMonitor
 and logs one JSON line per step, and that resumes bit for bit after any rank is killed.
 
+Each log line: step, loss (the mean over ranks), step_s (wall seconds), cpu_s (rank 0's process CPU seconds in
+the step, every thread: on a host shared with other jobs, the part of the step their load does not stretch), tokens
+(the whole group's), lr, restart (torchrun's restart count) and resumed_from (the checkpoint step this process
+started from, or null).
+
 What a checkpoint holds, so that the steps after a restart repeat the uninterrupted run exactly: the sharded model
 and optimizer state (fp32 master weights, Adam moments and step counts), every rank's RNG state, and the data
 position (batches are a pure function of the step, so the next step is the position); the learning rate is a pure
@@ -135,11 +140,12 @@ def run_burnin(config: BurninConfig) -> BurninResult:
         times: list[float] = []
         loss: float | None = None
         for step in range(first, config.steps + 1):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             with monitor.step(tokens=tokens):
                 loss = _train_step(model, optimizer, config, me, step, table, device, monitor)
             times.append(time.perf_counter() - started)
-            log.write({"step": step, "loss": loss, "step_s": times[-1], "tokens": tokens * me.world_size,
+            log.write({"step": step, "loss": loss, "step_s": times[-1], "cpu_s": time.process_time() - started_cpu,
+                       "tokens": tokens * me.world_size,
                        "lr": config.lr_at(step), "restart": me.restart, "resumed_from": resumed})
             if step % config.checkpoint_every == 0 or step == config.steps:
                 with monitor.checkpoint():
