@@ -45,13 +45,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def torchrun(folder: Path, *, max_restarts: int = 0, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+def torchrun(folder: Path, *, max_restarts: int = 0, checkpoint_every: int = CHECKPOINT_EVERY,
+             extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     """torchrun with an explicit c10d rendezvous on a free loopback port (not --standalone)."""
     args = [*TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(RANKS), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", str(max_restarts),
             "--monitor-interval", "0.2", "-m", "gpufleet", "burnin", "--steps", str(STEPS),
             "--checkpoint-dir", str(folder / "ckpt"), "--log-file", str(folder / "log.jsonl"),
-            "--checkpoint-every", str(CHECKPOINT_EVERY), *SHAPE, *extra]
+            "--checkpoint-every", str(checkpoint_every), *SHAPE, *extra]
     return subprocess.Popen(args, cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -86,11 +87,14 @@ def _workers(parent: int) -> dict[int, int]:
 
 @pytest.fixture(scope="module")
 def uninterrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One run nobody kills; it measures the host first (--measure-host), as a user closing the loop would. The CI
-    machine's cores are shared with other jobs, so kernels are timed in process CPU seconds (--measure-clock cpu)
-    and compared with the log's cpu_s: other jobs' load stretches wall times by several times, minute to minute."""
+    """One run nobody kills, saving only at the end: its steps are pure training, which is what the planner's step
+    prices (and checkpoints must not change what is trained). It measures the host first (--measure-host), as a
+    user closing the loop would. The CI machine's cores are shared with other jobs, so kernels are timed in process
+    CPU seconds (--measure-clock cpu) and compared with the log's cpu_s: other jobs' load stretches wall times by
+    several times, minute to minute."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    finish(torchrun(folder, extra=("--measure-host", str(folder / "host.yaml"), "--measure-clock", "cpu")))
+    finish(torchrun(folder, checkpoint_every=STEPS,
+                    extra=("--measure-host", str(folder / "host.yaml"), "--measure-clock", "cpu")))
     return folder
 
 

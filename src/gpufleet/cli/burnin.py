@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
                                           "each process (on a host other jobs share; compare with the log's cpu_s)."),
         json_output: bool = JsonOption,
     ) -> None:
-        from gpufleet.runtime.burnin.config import BurninConfig, ModelShape
+        from gpufleet.runtime.burnin.config import BurninConfig, ModelShape, identity_from_env
 
         out = Output(json_mode=json_output)
         shape = ModelShape(layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab,
@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
                               warmup_steps=warmup_steps, seed=seed, threads=threads or None,
                               metrics_port=metrics_port, plan=plan, backend=backend,
                               measure_clock=measure_clock)
+        identity_from_env()  # outside torchrun: say how to launch, before torch is imported
         host = _measure(out, config, measure_host) if measure_host is not None else None
         from gpufleet.runtime.burnin.train import run_burnin
 

@@ -6,6 +6,7 @@ the catalog's `models:` shape, which is how the planner is asked about the very 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,22 @@ class BurninConfig:
         if self.warmup_steps == 0:
             return self.lr
         return self.lr * min(1.0, step / self.warmup_steps)
+
+
+@dataclass(frozen=True)
+class Identity:
+    rank: int
+    local_rank: int
+    world_size: int
+    restart: int  # torchrun's TORCHELASTIC_RESTART_COUNT: how many times this group was restarted
+
+
+def identity_from_env() -> Identity:
+    """This worker's place, from torchrun's environment; one line naming the variable when it is missing."""
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        raise InputError(f"{', '.join(missing)} not set: start the burn-in under torchrun, e.g. `torchrun "
+                         "--nproc-per-node 2 -m gpufleet burnin --steps 20 --checkpoint-dir ckpt --log-file "
+                         "burnin.jsonl`")
+    return Identity(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ["WORLD_SIZE"]),
+                    int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))

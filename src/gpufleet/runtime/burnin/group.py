@@ -14,13 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from gpufleet.errors import InputError
+from gpufleet.runtime.burnin.config import Identity
 
 LOG = logging.getLogger("gpufleet.burnin")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -29,25 +28,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 INIT_ATTEMPTS = 4
 INIT_FIRST_PAUSE_S = 0.5
 INIT_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class Identity:
-    rank: int
-    local_rank: int
-    world_size: int
-    restart: int  # torchrun's TORCHELASTIC_RESTART_COUNT: how many times this group was restarted
-
-
-def identity_from_env() -> Identity:
-    """This worker's place, from torchrun's environment; one line naming the variable when it is missing."""
-    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
-    if missing:
-        raise InputError(f"{', '.join(missing)} not set: start the burn-in under torchrun, e.g. `torchrun "
-                         "--nproc-per-node 2 -m gpufleet burnin --steps 20 --checkpoint-dir ckpt --log-file "
-                         "burnin.jsonl`")
-    return Identity(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ["WORLD_SIZE"]),
-                    int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
 
 def _base_store(me: Identity, timeout: timedelta) -> dist.Store:

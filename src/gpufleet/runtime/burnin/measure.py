@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gpufleet.runtime.burnin.config import BurninConfig
-from gpufleet.runtime.burnin.group import default_backend, device_for, identity_from_env, join_group
+from gpufleet.runtime.burnin.config import BurninConfig, identity_from_env
+from gpufleet.runtime.burnin.group import default_backend, device_for, join_group
 from gpufleet.runtime.burnin.host_catalog import HostMeasurement
 
 #: Each timed kernel runs until this much time has passed (and at least MIN_REPEATS times), after two warm-up runs
@@ -204,10 +204,10 @@ def measure_host(config: BurninConfig) -> HostMeasurement | None:
     join_group(me, backend, phase="measure")
     try:
         device = device_for(backend, me)
-        mine = torch.tensor(_local_figures(config, device), dtype=torch.float64)
+        mine = torch.tensor(_local_figures(config, device), dtype=torch.float64, device=device)
         every = [torch.zeros_like(mine) for _ in range(me.world_size)]
-        dist.all_gather(every, mine)  # gloo and NCCL (on the host copy) alike
-        slowest = torch.stack(every).min(dim=0).values.tolist()  # every figure is a rate: the slowest rank's
+        dist.all_gather(every, mine)  # on the device: NCCL gathers device tensors only
+        slowest = torch.stack(every).min(dim=0).values.cpu().tolist()  # every figure is a rate: the slowest rank's
     finally:
         dist.destroy_process_group()
     if me.rank != 0:

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from gpufleet.runtime.burnin import data
-from gpufleet.runtime.burnin.config import BurninConfig
-from gpufleet.runtime.burnin.group import Identity, default_backend, device_for, identity_from_env, join_group
+from gpufleet.runtime.burnin.config import BurninConfig, Identity, identity_from_env
+from gpufleet.runtime.burnin.group import default_backend, device_for, join_group
 from gpufleet.runtime.burnin.model import build_model, loss_fn
 
 LOG = logging.getLogger("gpufleet.burnin")
