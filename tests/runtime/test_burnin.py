@@ -165,6 +165,9 @@ def test_burnin_refuses_bad_numbers() -> None:
     assert "--steps" in one_error_line(run_gpufleet("burnin", "--steps", "0"))
     assert "hidden (100) must be a multiple of heads (3)" in one_error_line(
         run_gpufleet("burnin", "--hidden", "100", "--heads", "3"))
+    assert "--measure-clock must be wall or cpu" in one_error_line(
+        run_gpufleet("burnin", "--measure-host", "h.yaml", "--measure-clock", "tsc"))
+    assert "--backend must be gloo or nccl" in one_error_line(run_gpufleet("burnin", "--backend", "mpi"))
 
 
 @pytest.mark.timeout(300)
@@ -196,6 +199,8 @@ def test_plan_for_this_host_predicts_the_burnin_step(uninterrupted_run: Path,
     predicted_s = layouts[(1, 1, RANKS)].step.step_s
     measured_s = statistics.median(line["cpu_s"] for line in uninterrupted if line["step"] > 2)  # after warm-up
     parts = {name: round(part.exposed_s, 4) for name, part in layouts[(1, 1, RANKS)].step.parts.items()}
+    print(f"plan {predicted_s:.4f} s, burn-in {measured_s:.4f} s (CPU s per step), plan/burn-in "
+          f"{predicted_s / measured_s:.3f}; plan parts {parts}")
     assert predicted_s == pytest.approx(measured_s, rel=0.2), f"plan {predicted_s:.3f} s, burn-in {measured_s:.3f} s" \
                                                               f", parts {parts}"
 

@@ -76,8 +76,10 @@ def _state(model: Any, optimizer: Any, me: Identity, step: int) -> dict[str, Any
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optim": optim_state, "rng": {f"rank{me.rank}": torch.get_rng_state()},
-            "data": {"next_step": step + 1}, "step": step}
+    rng = {f"rank{me.rank}": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        rng[f"cuda{me.rank}"] = torch.cuda.get_rng_state()
+    return {"model": model_state, "optim": optim_state, "rng": rng, "data": {"next_step": step + 1}, "step": step}
 
 
 def _resume(manager: Any, model: Any, optimizer: Any, me: Identity) -> int | None:
@@ -90,6 +92,8 @@ def _resume(manager: Any, model: Any, optimizer: Any, me: Identity) -> int | Non
     _, state = found
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     torch.set_rng_state(state["rng"][f"rank{me.rank}"])
+    if f"cuda{me.rank}" in state["rng"]:
+        torch.cuda.set_rng_state(state["rng"][f"cuda{me.rank}"])
     return int(state["data"]["next_step"]) - 1
 
 
