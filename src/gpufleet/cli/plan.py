@@ -223,6 +223,7 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
         "cluster": {"gpu": cluster.gpu.id, "gpus": cluster.gpus, "node": cluster.node.id,
                     "network": cluster.fabric.network.id, "topology": cluster.fabric.kind,
                     "oversubscription": cluster.fabric.oversubscription},
+        "ranking": {"rank_by": result.request.rank_by, "fabric_model": result.request.fabric_model},
         "search": {"tried": result.search.tried, "feasible": len(result.search.feasible),
                    "infeasible": dict(result.search.infeasible)},
         "framework": framework_to_dict(result.request),
