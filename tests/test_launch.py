@@ -149,15 +149,15 @@ def test_check_reads_sbatch_gpus_and_megatron_degrees(tmp_path: Path) -> None:
     report = json.loads(ok.stdout)
     assert ok.returncode == 0, ok.stderr
     assert report["gpus"] == 32 and report["consistent"]  # 4 x 8 = 32 = tp 8 x pp 2 x dp 2; 64 = 2 x 16 x 2
-    # 48 sequences over dp 2 at micro-batch 5: 4.8 micro-batches
+    # on 64 GPUs (--gpus) dp = 64 / (8 x 2) = 4: 64 = 2 x 8 x 4 holds, 48 sequences at micro-batch 5 do not (2.4)
     bad = _write(tmp_path / "bad.args", "--tensor-model-parallel-size=8 --pipeline-model-parallel-size=2 "
                  "--micro-batch-size=5 --global-batch-size=48\n")
-    failed = run_gpufleet("launch", "--check", str(sbatch), str(bad), "--json")
+    failed = run_gpufleet("launch", "--check", str(sbatch), str(good), str(bad), "--gpus", "64", "--json")
     assert failed.returncode == 1
     problems = json.loads(failed.stdout)["problems"]
-    assert any("48 / (5 × 2 dp) = 4.8" in problem for problem in problems), problems
-    too_many = run_gpufleet("launch", "--check", str(sbatch), str(good), "--gpus", "64", "--json")
-    assert any("asks for 32 GPUs, not the 64" in p for p in json.loads(too_many.stdout)["problems"])
+    assert len(problems) == 2, problems
+    assert "job.sbatch asks for 32 GPUs, not the 64 given (--gpus)" in problems
+    assert any("48 / (5 × 4 dp) = 2.4" in problem for problem in problems), problems
 
 
 def test_check_refuses_unreadable_files_in_one_line(tmp_path: Path) -> None:

@@ -115,6 +115,25 @@ def _render(by_target: dict[str, list[Any]], out_dir: Path, start: str | None,
     return render
 
 
+def _render_targets(out: Output, spec: Any, targets: list[str], explicit: set[str]) -> dict[str, list[Any]]:
+    """Each target's files; a target that cannot express the plan is refused when named, skipped (with a warning)
+    when it came from `all`."""
+    from gpufleet.emit.registry import emitter
+    from gpufleet.emit.spec import TargetCannotExpress
+
+    by_target: dict[str, list[Any]] = {}
+    for name in targets:
+        try:
+            by_target[name] = emitter(name).render(spec)
+        except TargetCannotExpress as error:
+            if name in explicit:
+                raise
+            out.warn(f"{error} (skipped from --target all)")
+    if not by_target:
+        raise InputError("no target can express this plan: " + ", ".join(targets))
+    return by_target
+
+
 def register(app: typer.Typer) -> None:
     @app.command("launch")
     def launch(
@@ -152,7 +171,7 @@ def register(app: typer.Typer) -> None:
         * `gpufleet launch --check ds_config.json --gpus 2048` — is an existing config consistent?
         """
         from gpufleet.emit.build import launch_spec, layout_summary
-        from gpufleet.emit.registry import emitter, resolve_targets
+        from gpufleet.emit.registry import resolve_targets
         from gpufleet.emit.start import start_command
         from gpufleet.emit.write import check_out_dir, write_files
 
@@ -187,7 +206,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--plan {plan_file}: plan #{rank} there is {promised}, but this gpufleet plans "
                              f"{spec.layout.short()} for the same request (another version or catalog): re-run "
                              "`gpufleet plan --json`")
-        by_target = {name: emitter(name).render(spec) for name in targets}
+        by_target = _render_targets(out, spec, targets, explicit=set(target or []) - {"all"})
         written = write_files(out_dir, [item for items in by_target.values() for item in items], force)
         start = start_command(by_target, out_dir, spec)
         layout = {**layout_summary(spec), "rank": rank, "gpus": spec.cluster.gpus}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,10 @@ def _stated(found: ReadConfig, args: dict[str, Any]) -> None:
     found.recompute = args.get("recompute_granularity") if isinstance(args.get("recompute_granularity"), str) else None
     found.precision = "fp8" if args.get("fp8_format") else "bf16" if args.get("bf16") else (
         "fp16" if args.get("fp16") else None)
-    if args.get("use_distributed_optimizer"):
+    strategy = {"optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
+    if args.get("use_megatron_fsdp") and args.get("data_parallel_sharding_strategy") in strategy:
+        found.sharding = strategy[args["data_parallel_sharding_strategy"]]
+    elif args.get("use_distributed_optimizer"):
         found.sharding = "zero1"
 
 
@@ -147,6 +151,9 @@ def read(path: Path, tokens: list[str]) -> ReadConfig:
         found.notes.append("no model shape (--num-layers, --hidden-size, --num-attention-heads): megatron-core's "
                            "TransformerConfig checks not run")
         return found
+    if args.get("fp8_format") and importlib.util.find_spec("transformer_engine") is None:
+        found.notes.append("FP8 flags not checked by megatron-core: its FP8 checks need Transformer Engine")
+        args = {key: value for key, value in args.items() if not key.startswith("fp8")}
     try:
         transformer_config(args)
     except Exception as error:
