@@ -166,3 +166,35 @@ def test_check_refuses_unreadable_files_in_one_line(tmp_path: Path) -> None:
     assert "not valid JSON" in one_error_line(run_gpufleet("launch", "--check", str(broken)))
     prose = _write(tmp_path / "notes.txt", "just some words\n")
     assert "not a ds_config JSON" in one_error_line(run_gpufleet("launch", "--check", str(prose)))
+
+
+def test_scheduler_targets_get_the_framework_command_and_are_found_whatever_their_emitter_is_called(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.machinery
+    import sys
+    import types
+
+    from gpufleet.cli.launch import _render_targets
+    from gpufleet.cli.output import Output
+    from gpufleet.emit import registry
+
+    seen: list[str | None] = []
+
+    class Scheduler:
+        name = "fake-scheduler"  # not the target's name: the module's one emitter is used
+
+        def render(self, spec):  # type: ignore[no-untyped-def]
+            seen.append(spec.train_command)
+            return [EmittedFile("job.sbatch", "#!/bin/bash\n", executable=True)]
+
+    module = types.ModuleType("gpufleet_test_fake_slurm")
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+    module.SCHEDULER = Scheduler()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry.TARGET_MODULES, "slurm", module.__name__)
+    by_target = _render_targets(Output(), _spec(), ["megatron", "slurm"], {"megatron", "slurm"}, tmp_path / "run")
+    assert set(by_target) == {"megatron", "slurm"}
+    assert seen == [f"pretrain_gpt.py $(cat {tmp_path / 'run' / 'megatron' / 'pretrain_gpt.args'})"]
+    from gpufleet.emit.start import start_command
+
+    assert start_command(by_target, tmp_path / "run", _spec()) == f"sbatch {tmp_path / 'run' / 'job.sbatch'}"

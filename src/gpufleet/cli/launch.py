@@ -4,6 +4,7 @@ NCCL env), or `--check` existing ones against the model."""
 from __future__ import annotations
 
 import json as jsonlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +116,21 @@ def _render(by_target: dict[str, list[Any]], out_dir: Path, start: str | None,
     return render
 
 
-def _render_targets(out: Output, spec: Any, targets: list[str], explicit: set[str]) -> dict[str, list[Any]]:
+def _render_targets(out: Output, spec: Any, targets: list[str], explicit: set[str],
+                    out_dir: Path) -> dict[str, list[Any]]:
     """Each target's files; a target that cannot express the plan is refused when named, skipped (with a warning)
     when it came from `all`."""
     from gpufleet.emit.registry import emitter
     from gpufleet.emit.spec import TargetCannotExpress
 
     by_target: dict[str, list[Any]] = {}
-    for name in targets:
+    for name in targets:  # frameworks first (registry order): the scheduler files run the first one's command
         try:
-            by_target[name] = emitter(name).render(spec)
+            target = emitter(name)
+            by_target[name] = target.render(spec)
+            entry = getattr(target, "entrypoint", None)
+            if callable(entry) and spec.train_command is None:
+                spec = replace(spec, train_command=entry(str(out_dir.absolute())))
         except TargetCannotExpress as error:
             if name in explicit:
                 raise
@@ -206,7 +212,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--plan {plan_file}: plan #{rank} there is {promised}, but this gpufleet plans "
                              f"{spec.layout.short()} for the same request (another version or catalog): re-run "
                              "`gpufleet plan --json`")
-        by_target = _render_targets(out, spec, targets, explicit=set(target or []) - {"all"})
+        by_target = _render_targets(out, spec, targets, set(target or []) - {"all"}, out_dir)
         written = write_files(out_dir, [item for items in by_target.values() for item in items], force)
         start = start_command(by_target, out_dir, spec)
         layout = {**layout_summary(spec), "rank": rank, "gpus": spec.cluster.gpus}

@@ -38,10 +38,11 @@ def emitter(name: str) -> Emitter:
     if name not in known:
         raise InputError(f"unknown --target {name!r}: one of {', '.join(known)} or all")
     module = importlib.import_module(TARGET_MODULES[name])
-    for value in vars(module).values():
-        is_emitter = not isinstance(value, type) and callable(getattr(value, "render", None))
-        if is_emitter and getattr(value, "name", None) == name:
-            return cast(Emitter, value)
+    found = [value for value in vars(module).values()
+             if not isinstance(value, type) and callable(getattr(value, "render", None)) and hasattr(value, "name")]
+    named = [value for value in found if value.name == name]
+    if named or len(found) == 1:  # the one emitter of the module, whatever it calls itself
+        return cast(Emitter, (named or found)[0])
     raise InputError(f"--target {name}: module {TARGET_MODULES[name]} defines no emitter named {name!r}")
 
 

@@ -37,6 +37,9 @@ class LaunchSpec:
     #: where the job saves and loads checkpoints (a path the emitted files name; written to by the job, not here)
     checkpoint_dir: str = "/checkpoints"
     job_name: str = "gpufleet"
+    #: what torchrun starts on each node (program and arguments, shell syntax), from the framework target written in
+    #: the same `launch` (Megatron's pretrain_gpt.py with its argument file, torchtitan.train …); None: no framework
+    train_command: str | None = None
 
     @property
     def nodes(self) -> int:
