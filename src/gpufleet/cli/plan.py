@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -12,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from gpufleet.catalog.records import Precision
+from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.common import (
     MAX_SWEEP_COUNTS,
     CatalogOption,
@@ -35,7 +37,136 @@ from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_
 GIB = 2**30
 DAY_S = 86400.0
 
+# The workload, cluster and framework options of `plan`, defined once: `launch` takes the same ones.
+ModelOption = typer.Option("llama3-8b", "--model", "-m", help="Model id (gpufleet catalog list models).")
+TokensOption = typer.Option("1T", "--tokens", "-t", help="Training tokens, e.g. 15T, 300B.")
+GpuOption = typer.Option(None, "--gpu", "-g", help="GPU id (gpufleet catalog list gpus) [default: the --node's GPU, "
+                         "else h100-sxm].")
+GpusOption = typer.Option("64", "--gpus", "-n",
+                          help="GPU count; a list 64,128 or a range sweeps the scale: 64-1024 doubles "
+                          "from 64 (64, 128, … 1024; the top end always included), 64-512:64 steps by 64.")
+NodeOption = typer.Option(None, "--node", help="Node id; default: the catalog's node for the GPU.")
+FabricOption = typer.Option(None, "--fabric", "--network",
+                            help="Scale-out network id (ndr400, roce200, socket …); default: the node's.")
+TopologyOption = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}.")
+OversubscriptionOption = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 4:1.")
+SeqOption = typer.Option(4096, "--seq", help="Sequence length in tokens.")
+GlobalBatchOption = typer.Option(None, "--global-batch",
+                                 help="Sequences per step; default ~4M tokens per step, at least one "
+                                 "sequence per GPU (so a sweep past 1,024 GPUs at 4K raises it).")
+PrecisionOption = typer.Option("bf16", "--precision", help="bf16, fp16 or fp8 (fp8 GEMMs).")
+RankByOption = typer.Option("time", "--rank-by", help="time (time-to-train) or cost (cheapest cloud).")
+FabricModelOption = typer.Option("analytical", "--fabric-model",
+                                 help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
+                                 "with the flow-level simulator on the topology graph.")
+OverlapTpOption = typer.Option(None, "--overlap-tp/--no-overlap-tp", help="The framework hides "
+                               "tensor-parallel communication behind GEMMs (Megatron's --tp-comm-overlap, "
+                               "userbuffers) [default: off, or the --stack's].")
+DtensorTpOption = typer.Option(None, "--dtensor-tp/--megatron-tp", help="Tensor parallelism as PyTorch "
+                               "DTensor runs it (torchtitan without AsyncTP): backward collectives in line "
+                               "and, under sequence parallelism, the gathered GEMM inputs kept; or as "
+                               "Megatron runs it: the input-gradient reduction under the weight-gradient "
+                               "GEMM, only the shard kept [default: Megatron, or the --stack's].")
+OverlapEpOption = typer.Option(None, "--overlap-ep/--no-overlap-ep", help="The expert all-to-all "
+                               "runs while another micro-batch computes (DualPipe, Megatron-Core's "
+                               "EP overlap) [default: off, or the --stack's].")
+EpDispatchOption = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; "
+                                "the default) or dedup (a token is sent once per destination "
+                                "node over the network and once per destination GPU inside a node: "
+                                "DeepEP, HybridEP).")
+SelectivePolicyOption = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
+                                     "attention (Megatron: all but the attention core; the default) or op "
+                                     "(torchtitan's op-level checkpointing: every second matmul output).")
+EagerOption = typer.Option(False, "--eager", help="Element-wise ops run as eager PyTorch, one kernel each "
+                           "with an fp32 RMSNorm (torchtitan without torch.compile) [default: fused kernels, "
+                           "as Transformer Engine and torch.compile run them].")
+StackOption = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
+                           "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
+                           f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
+                           "override its settings. Default: Megatron-LM's defaults.")
 
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """The values of the options above, as given (`plan_request` checks them and builds the PlanRequest)."""
+
+    model: str
+    tokens: str
+    gpu: str | None
+    node: str | None
+    fabric: str | None
+    topology: str
+    oversubscription: str
+    seq: int
+    global_batch: int | None
+    precision: str
+    rank_by: str
+    fabric_model: str
+    overlap_tp: bool | None
+    dtensor_tp: bool | None
+    overlap_ep: bool | None
+    ep_dispatch: str | None
+    selective_policy: str | None
+    eager: bool
+    stack: str | None
+
+
+def check_workload_options(given: WorkloadOptions) -> None:
+    """Refuse an option value that is not one of those allowed, with one line."""
+    if given.topology not in TOPOLOGY_KINDS:
+        raise InputError(f"--topology {given.topology!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
+    if given.rank_by not in ("time", "cost"):
+        raise InputError(f"--rank-by must be time or cost, got {given.rank_by!r}")
+    if given.precision not in TRAINING_PRECISIONS:
+        raise InputError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {given.precision!r}")
+    if given.seq < 1:
+        raise InputError(f"--seq must be a positive number of tokens, got {given.seq}")
+    if given.global_batch is not None and given.global_batch < 1:
+        raise InputError(f"--global-batch must be a positive number of sequences, got {given.global_batch}")
+    if given.fabric_model not in ("analytical", "sim"):
+        raise InputError(f"--fabric-model must be analytical or sim, got {given.fabric_model!r}")
+    if given.ep_dispatch is not None and given.ep_dispatch not in ("all-to-all", "dedup"):
+        raise InputError(f"--ep-dispatch must be all-to-all or dedup, got {given.ep_dispatch!r}")
+    if given.selective_policy is not None and given.selective_policy not in SELECTIVE_POLICIES:
+        raise InputError(f"--selective-policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
+                         f"got {given.selective_policy!r}")
+
+
+def plan_request(cat: Catalog, given: WorkloadOptions, gpus: int, top: int) -> PlanRequest:
+    """The PlanRequest the options describe, for one GPU count (options checked by check_workload_options)."""
+    check_workload_options(given)
+    return PlanRequest(model=given.model, tokens=parse_count(given.tokens, "--tokens"),
+                       gpu=gpu_for(cat, given.node, given.gpu), gpus=gpus, node=given.node, network=given.fabric,
+                       topology=cast(TopologyKind, given.topology),
+                       oversubscription=parse_ratio(given.oversubscription, "--oversubscription"), seq_len=given.seq,
+                       global_batch=given.global_batch, precision=cast(Precision, given.precision),
+                       top=top, rank_by=cast(RankBy, given.rank_by),
+                       fabric_model=cast(Literal["analytical", "sim"], given.fabric_model),
+                       **framework_fields(given.stack, given.overlap_tp, given.dtensor_tp, given.overlap_ep,
+                                          given.ep_dispatch, given.selective_policy, given.eager))
+
+
+def framework_fields(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
+                     ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
+    """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
+    options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
+                                ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
+    recipe = plan_stack_recipe(stack) if stack is not None else None
+    return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
+            "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}
+
+
+def plan_with_spinner(out: Output, request: PlanRequest, cat: Catalog) -> PlanResult:
+    """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""
+    started = time.monotonic()
+    with out.progress(SpinnerColumn(), TextColumn("{task.description}")) as progress:
+        task = progress.add_task("searching layouts", visible=False)
+
+        def tried(count: int) -> None:
+            if time.monotonic() - started > 1.0:
+                progress.update(task, description=f"searching layouts: {count:,} tried", visible=True)
+
+        return make_plan(request, cat, progress=tried)
 
 
 def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
@@ -91,6 +222,7 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
         "cluster": {"gpu": cluster.gpu.id, "gpus": cluster.gpus, "node": cluster.node.id,
                     "network": cluster.fabric.network.id, "topology": cluster.fabric.kind,
                     "oversubscription": cluster.fabric.oversubscription},
+        "ranking": {"rank_by": result.request.rank_by, "fabric_model": result.request.fabric_model},
         "search": {"tried": result.search.tried, "feasible": len(result.search.feasible),
                    "infeasible": dict(result.search.infeasible)},
         "framework": framework_to_dict(result.request),
@@ -203,28 +335,22 @@ def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
-        model: str = typer.Option("llama3-8b", "--model", "-m", help="Model id (gpufleet catalog list models)."),
-        tokens: str = typer.Option("1T", "--tokens", "-t", help="Training tokens, e.g. 15T, 300B."),
-        gpu: str = typer.Option(None, "--gpu", "-g", help="GPU id (gpufleet catalog list gpus) [default: the "
-                                "--node's GPU, else h100-sxm]."),
-        gpus: str = typer.Option("64", "--gpus", "-n",
-                                 help="GPU count; a list 64,128 or a range sweeps the scale: 64-1024 doubles "
-                                 "from 64 (64, 128, … 1024; the top end always included), 64-512:64 steps by 64."),
-        node: str = typer.Option(None, "--node", help="Node id; default: the catalog's node for the GPU."),
-        fabric: str = typer.Option(None, "--fabric", "--network",
-                                   help="Scale-out network id (ndr400, roce200, socket …); default: the node's."),
-        topology: str = typer.Option("fat-tree", "--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}."),
-        oversubscription: str = typer.Option("1:1", "--oversubscription", help="Leaf down:up ratio, e.g. 4:1."),
-        seq: int = typer.Option(4096, "--seq", help="Sequence length in tokens."),
-        global_batch: int = typer.Option(None, "--global-batch",
-                                         help="Sequences per step; default ~4M tokens per step, at least one "
-                                         "sequence per GPU (so a sweep past 1,024 GPUs at 4K raises it)."),
-        precision: str = typer.Option("bf16", "--precision", help="bf16, fp16 or fp8 (fp8 GEMMs)."),
+        model: str = ModelOption,
+        tokens: str = TokensOption,
+        gpu: str = GpuOption,
+        gpus: str = GpusOption,
+        node: str = NodeOption,
+        fabric: str = FabricOption,
+        topology: str = TopologyOption,
+        oversubscription: str = OversubscriptionOption,
+        seq: int = SeqOption,
+        global_batch: int = GlobalBatchOption,
+        precision: str = PrecisionOption,
         top: int = typer.Option(None, "--top", help="How many plans to show [default: 5; a sweep shows the best "
                                 "plan per GPU count]."),
         explain: int = typer.Option(None, "--explain", help="Break plan RANK down part by part (--json always "
                                     "carries every shown plan's parts)."),
-        rank_by: str = typer.Option("time", "--rank-by", help="time (time-to-train) or cost (cheapest cloud)."),
+        rank_by: str = RankByOption,
         deadline: str = typer.Option(None, "--deadline",
                                      help="e.g. 30d: find the smallest GPU count (of --gpus) that meets it."),
         budget: float = typer.Option(None, "--budget", help="USD: the fastest plan whose cheapest cloud cost fits."),
@@ -233,34 +359,14 @@ def register(app: typer.Typer) -> None:
                                          "goodput; docs/report.md); works for one count and for a sweep."),
         plot: Path = typer.Option(None, "--plot", help="With a GPU-count sweep: write the best plan's tokens/s per "
                                   "GPU against GPUs to FILE (.png/.svg/.pdf need matplotlib; .html writes a table)."),
-        fabric_model: str = typer.Option("analytical", "--fabric-model",
-                                         help="analytical (α–β, fast) or sim: re-time the top plans' collectives "
-                                         "with the flow-level simulator on the topology graph."),
-        overlap_tp: bool | None = typer.Option(None, "--overlap-tp/--no-overlap-tp", help="The framework hides "
-                                        "tensor-parallel communication behind GEMMs (Megatron's --tp-comm-overlap, "
-                                        "userbuffers) [default: off, or the --stack's]."),
-        dtensor_tp: bool | None = typer.Option(None, "--dtensor-tp/--megatron-tp", help="Tensor parallelism as PyTorch "
-                                        "DTensor runs it (torchtitan without AsyncTP): backward collectives in line "
-                                        "and, under sequence parallelism, the gathered GEMM inputs kept; or as "
-                                        "Megatron runs it: the input-gradient reduction under the weight-gradient "
-                                        "GEMM, only the shard kept [default: Megatron, or the --stack's]."),
-        overlap_ep: bool | None = typer.Option(None, "--overlap-ep/--no-overlap-ep", help="The expert all-to-all "
-                                               "runs while another micro-batch computes (DualPipe, Megatron-Core's "
-                                               "EP overlap) [default: off, or the --stack's]."),
-        ep_dispatch: str | None = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; "
-                                               "the default) or dedup (a token is sent once per destination "
-                                               "node over the network and once per destination GPU inside a node: "
-                                               "DeepEP, HybridEP)."),
-        selective_policy: str | None = typer.Option(None, "--selective-policy", help="What selective recompute keeps: "
-                                             "attention (Megatron: all but the attention core; the default) or op "
-                                             "(torchtitan's op-level checkpointing: every second matmul output)."),
-        eager: bool = typer.Option(False, "--eager", help="Element-wise ops run as eager PyTorch, one kernel each "
-                                   "with an fp32 RMSNorm (torchtitan without torch.compile) [default: fused kernels, "
-                                   "as Transformer Engine and torch.compile run them]."),
-        stack: str | None = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
-                                  "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
-                                  f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
-                                  "override its settings. Default: Megatron-LM's defaults."),
+        fabric_model: str = FabricModelOption,
+        overlap_tp: bool | None = OverlapTpOption,
+        dtensor_tp: bool | None = DtensorTpOption,
+        overlap_ep: bool | None = OverlapEpOption,
+        ep_dispatch: str | None = EpDispatchOption,
+        selective_policy: str | None = SelectivePolicyOption,
+        eager: bool = EagerOption,
+        stack: str | None = StackOption,
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -274,23 +380,10 @@ def register(app: typer.Typer) -> None:
         """
         out = Output(json)
         cat = open_catalog(catalog)
-        if topology not in TOPOLOGY_KINDS:
-            raise InputError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
-        if rank_by not in ("time", "cost"):
-            raise InputError(f"--rank-by must be time or cost, got {rank_by!r}")
-        if precision not in TRAINING_PRECISIONS:
-            raise InputError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {precision!r}")
-        if seq < 1:
-            raise InputError(f"--seq must be a positive number of tokens, got {seq}")
-        if global_batch is not None and global_batch < 1:
-            raise InputError(f"--global-batch must be a positive number of sequences, got {global_batch}")
-        if fabric_model not in ("analytical", "sim"):
-            raise InputError(f"--fabric-model must be analytical or sim, got {fabric_model!r}")
-        if ep_dispatch is not None and ep_dispatch not in ("all-to-all", "dedup"):
-            raise InputError(f"--ep-dispatch must be all-to-all or dedup, got {ep_dispatch!r}")
-        if selective_policy is not None and selective_policy not in SELECTIVE_POLICIES:
-            raise InputError(f"--selective-policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
-                             f"got {selective_policy!r}")
+        given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
+                                precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
+                                selective_policy, eager, stack)
+        check_workload_options(given)
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")
         counts = parse_int_list(gpus, "--gpus", most=MAX_SWEEP_COUNTS)
@@ -298,10 +391,10 @@ def register(app: typer.Typer) -> None:
         deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         sweep = len(counts) > 1 or deadline_s is not None
         single_only = {"--top": top, "--explain": explain, "--budget": budget}
-        given = [flag for flag, value in single_only.items() if value is not None]
-        if sweep and given:
-            verb = "applies" if len(given) == 1 else "apply"
-            raise InputError(f"{', '.join(given)} {verb} to one GPU count; a sweep (--gpus list or range, or "
+        single_given = [flag for flag, value in single_only.items() if value is not None]
+        if sweep and single_given:
+            verb = "applies" if len(single_given) == 1 else "apply"
+            raise InputError(f"{', '.join(single_given)} {verb} to one GPU count; a sweep (--gpus list or range, or "
                              "--deadline) shows the best plan per count — plan one count to use them")
         if not sweep and plot is not None:
             raise InputError("--plot draws a GPU-count sweep: give --gpus a list or a range, e.g. 64,128 or 64-1024")
@@ -314,41 +407,12 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--top must be at least 1, got {top}")
         if explain is not None and not 1 <= explain <= top:
             raise InputError(f"--explain RANK must be between 1 and --top ({top})")
-        gpu = gpu_for(cat, node, gpu)
-        base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
-                           network=fabric, topology=cast(TopologyKind, topology),
-                           oversubscription=parse_ratio(oversubscription, "--oversubscription"), seq_len=seq,
-                           global_batch=global_batch, precision=cast(Precision, precision),
-                           top=top, rank_by=cast(RankBy, rank_by),
-                           fabric_model=cast(Literal["analytical", "sim"], fabric_model),
-                           **_framework(stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy,
-                                        eager))
+        base = plan_request(cat, given, counts[0], top)
         if not sweep:
-            result = _plan_with_spinner(out, base, cat)
+            result = plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report, cat)
             return
         _emit_sweep(out, cat, base, counts, deadline_s, plot, html_report)
-
-    def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
-                   ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
-        """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
-        options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
-                                    ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
-        recipe = plan_stack_recipe(stack) if stack is not None else None
-        return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
-                "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}
-
-    def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
-        """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""
-        started = time.monotonic()
-        with out.progress(SpinnerColumn(), TextColumn("{task.description}")) as progress:
-            task = progress.add_task("searching layouts", visible=False)
-
-            def tried(count: int) -> None:
-                if time.monotonic() - started > 1.0:
-                    progress.update(task, description=f"searching layouts: {count:,} tried", visible=True)
-
-            return make_plan(request, cat, progress=tried)
 
     def _emit_single(out: Output, result: PlanResult, explain: int | None, budget: float | None, top: int,
                      html_report: Path | None = None, cat: Any = None) -> None:

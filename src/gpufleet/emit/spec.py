@@ -37,9 +37,9 @@ class LaunchSpec:
     #: where the job saves and loads checkpoints (a path the emitted files name; written to by the job, not here)
     checkpoint_dir: str = "/checkpoints"
     job_name: str = "gpufleet"
-    #: the training entry point and its arguments that the scheduler targets (slurm, k8s) start under torchrun,
-    #: e.g. ("pretrain_gpt.py", "--tensor-model-parallel-size", "8"); empty: the arguments given at submit time
-    #: (`sbatch job.sbatch train.py ...`)
+    #: the training entry point and its arguments, one word each, that the scheduler targets (slurm, k8s) start
+    #: under torchrun, e.g. ("pretrain_gpt.py", "--tensor-model-parallel-size", "8"): `launch` fills it from the
+    #: first framework target it writes; empty: the arguments given at submit time (`sbatch job.sbatch train.py ...`)
     train_command: tuple[str, ...] = ()
     #: seconds one checkpoint save takes (the reliability model's write time; None without economics): how long
     #: before its time limit a Slurm job is told to save

@@ -1,0 +1,203 @@
+"""`gpufleet launch`: files written atomically from a plan, bad input refused in one line, `--check` arithmetic.
+
+These tests need no framework installed; test_launch_frameworks.py feeds the files to the frameworks' own parsers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from clirun import one_error_line, run_gpufleet
+from gpufleet import __version__
+from gpufleet.catalog.registry import load_catalog
+from gpufleet.emit.build import launch_spec
+from gpufleet.emit.deepspeed import DEEPSPEED
+from gpufleet.emit.registry import available_targets, resolve_targets
+from gpufleet.emit.spec import EmittedFile, TargetCannotExpress
+from gpufleet.emit.write import write_files
+from gpufleet.errors import InputError
+from gpufleet.planner.plan import PlanRequest, make_plan
+
+pytestmark = pytest.mark.timeout(300)
+PLAN = ["-m", "llama3-8b", "-t", "100B", "-n", "16"]
+
+
+def _launch(tmp_path: Path, *args: str) -> dict:
+    result = run_gpufleet("launch", *PLAN, "--target", "megatron", "--out", str(tmp_path / "run"), "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_launch_writes_the_plan_and_its_batch_arithmetic_holds(tmp_path: Path) -> None:
+    data = _launch(tmp_path)
+    layout = data["layout"]
+    assert data["gpus"] == 16 == layout["tp"] * layout["pp"] * layout["dp"] * layout["cp"]
+    assert layout["global_batch"] == layout["micro_batch"] * layout["gradient_accumulation"] * layout["dp"]
+    args = (tmp_path / "run" / "megatron" / "pretrain_gpt.args").read_text().split()
+    assert f"--tensor-model-parallel-size={layout['tp']}" in args
+    assert f"--micro-batch-size={layout['micro_batch']}" in args
+    assert f"--global-batch-size={layout['global_batch']}" in args
+    # 100B tokens at global batch x 4096 tokens per step: the iterations, rounded up
+    tokens_per_step = layout["global_batch"] * 4096
+    assert f"--train-iters={-(-100_000_000_000 // tokens_per_step)}" in args
+    assert data["files"] == [str(tmp_path / "run" / "megatron" / "pretrain_gpt.args")]
+    assert data["start"].startswith("torchrun --nnodes=2 --nproc-per-node=8 ")
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging folder left beside it
+
+
+def test_a_non_empty_folder_is_refused_without_force_and_replaced_with_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    refused = run_gpufleet("launch", *PLAN, "--target", "megatron", "--out", str(out))
+    assert "not empty" in one_error_line(refused) and "--force" in refused.stderr
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    _launch(tmp_path, "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["megatron"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--target", "fortran"], "unknown --target 'fortran'"),
+    (["--target", "megatron", "--rank", "100000", "-n", "16"], "--rank 100000 is beyond the plans found"),
+    (["--target", "megatron", "--gpus", "16,32"], "--gpus"),
+])
+def test_bad_input_is_one_line_and_no_folder(tmp_path: Path, args: list[str], words: str) -> None:
+    result = run_gpufleet("launch", "-m", "llama3-8b", "-t", "100B", *args, "--out", str(tmp_path / "run"))
+    assert words in one_error_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_file_launches_the_rank_it_lists(tmp_path: Path) -> None:
+    planned = run_gpufleet("plan", *PLAN, "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(planned.stdout)
+    second = json.loads(planned.stdout)["plans"][1]["layout"]
+    result = run_gpufleet("launch", "--plan", str(plan_file), "--rank", "2", "--target", "megatron", "--out",
+                          str(tmp_path / "run"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["layout"]["label"] == second["label"]
+
+
+def test_a_plan_file_from_another_version_or_model_is_refused(tmp_path: Path) -> None:
+    data = json.loads(run_gpufleet("plan", *PLAN, "--json").stdout)
+    cases = {"version": {**data, "gpufleet_version": "0.0.1"},
+             "model": {**data, "job": {**data["job"], "model": "llama9-1t"}},
+             "rank": data}
+    for name, content in cases.items():
+        plan_file = tmp_path / f"{name}.json"
+        plan_file.write_text(json.dumps(content))
+        rank = "9" if name == "rank" else "1"
+        result = run_gpufleet("launch", "--plan", str(plan_file), "--rank", rank, "--target", "megatron", "--out",
+                              str(tmp_path / f"out-{name}"))
+        line = one_error_line(result)
+        assert {"version": "0.0.1", "model": "llama9-1t", "rank": "--rank 9"}[name] in line
+        assert not (tmp_path / f"out-{name}").exists()
+    mixed = run_gpufleet("launch", "--plan", str(tmp_path / "rank.json"), "-m", "llama3-70b", "--target",
+                         "megatron", "--out", str(tmp_path / "mixed"))
+    assert "drop --model" in one_error_line(mixed)
+    assert __version__ == data["gpufleet_version"]
+
+
+def _spec(gpus: int = 16):  # type: ignore[no-untyped-def]
+    result = make_plan(PlanRequest(model="llama3-8b", tokens=1e11, gpus=gpus), load_catalog([]))
+    return launch_spec(result, 1)
+
+
+def test_a_target_that_cannot_express_the_plan_names_what_it_lacks_and_who_can() -> None:
+    spec = _spec()
+    with_cp = replace(spec, layout=replace(spec.layout, cp=2, dp=spec.layout.dp // 2, tp=1, sequence_parallel=False))
+    with pytest.raises(TargetCannotExpress, match=r"context parallelism.*use --target megatron or torchtitan"):
+        DEEPSPEED.render(with_cp)
+    result = run_gpufleet("launch", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--stack", "torchtitan",
+                          "--target", "deepspeed", "--out", str(Path("/nonexistent-gpufleet/run")))
+    assert "--target deepspeed cannot express this plan" in one_error_line(result)
+
+
+def test_rank_beyond_the_plans_and_all_targets() -> None:
+    with pytest.raises(InputError, match="beyond the plans found"):
+        launch_spec(make_plan(PlanRequest(model="llama3-8b", tokens=1e11, gpus=16, top=2), load_catalog([])), 3)
+    assert resolve_targets(["all", "megatron"]) == available_targets()
+    assert {"megatron", "torchtitan", "deepspeed"} <= set(available_targets())
+
+
+def test_write_files_leaves_nothing_behind_on_failure(tmp_path: Path) -> None:
+    twice = [EmittedFile("a.txt", "1"), EmittedFile("a.txt", "2")]
+    with pytest.raises(InputError, match="same file"):
+        write_files(tmp_path / "run", twice)
+    blocked = [EmittedFile("a", "file"), EmittedFile("a/b", "under a file")]
+    with pytest.raises(InputError, match="cannot write"):
+        write_files(tmp_path / "run", blocked)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_check_reads_sbatch_gpus_and_megatron_degrees(tmp_path: Path) -> None:
+    sbatch = _write(tmp_path / "job.sbatch", "#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --gpus-per-node=8\n"
+                    "#SBATCH --ntasks-per-node=8\nsrun python pretrain_gpt.py\n")
+    good = _write(tmp_path / "good.args", "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 \\\n"
+                  "--micro-batch-size 2 --global-batch-size 64\n")
+    ok = run_gpufleet("launch", "--check", str(sbatch), str(good), "--json")
+    report = json.loads(ok.stdout)
+    assert ok.returncode == 0, ok.stderr
+    assert report["gpus"] == 32 and report["consistent"]  # 4 x 8 = 32 = tp 8 x pp 2 x dp 2; 64 = 2 x 16 x 2
+    # on 64 GPUs (--gpus) dp = 64 / (8 x 2) = 4: 64 = 2 x 8 x 4 holds, 48 sequences at micro-batch 5 do not (2.4)
+    bad = _write(tmp_path / "bad.args", "--tensor-model-parallel-size=8 --pipeline-model-parallel-size=2 "
+                 "--micro-batch-size=5 --global-batch-size=48\n")
+    failed = run_gpufleet("launch", "--check", str(sbatch), str(good), str(bad), "--gpus", "64", "--json")
+    assert failed.returncode == 1
+    problems = json.loads(failed.stdout)["problems"]
+    assert len(problems) == 2, problems
+    assert "job.sbatch asks for 32 GPUs, not the 64 given (--gpus)" in problems
+    assert any("48 / (5 × 4 dp) = 2.4" in problem for problem in problems), problems
+
+
+def test_check_refuses_unreadable_files_in_one_line(tmp_path: Path) -> None:
+    assert "cannot read" in one_error_line(run_gpufleet("launch", "--check", str(tmp_path / "missing.json")))
+    broken = _write(tmp_path / "ds.json", "{ not json")
+    assert "not valid JSON" in one_error_line(run_gpufleet("launch", "--check", str(broken)))
+    prose = _write(tmp_path / "notes.txt", "just some words\n")
+    assert "not a ds_config JSON" in one_error_line(run_gpufleet("launch", "--check", str(prose)))
+
+
+def test_scheduler_targets_get_the_framework_command_and_are_found_whatever_their_emitter_is_called(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.machinery
+    import sys
+    import types
+
+    from gpufleet.cli.launch import _render_targets
+    from gpufleet.cli.output import Output
+    from gpufleet.emit import registry
+
+    seen: list[tuple[str, ...]] = []
+
+    class Scheduler:
+        name = "fake-scheduler"  # not the target's name: the module's one emitter is used
+
+        def render(self, spec):  # type: ignore[no-untyped-def]
+            seen.append(spec.train_command)
+            return [EmittedFile("job.sbatch", "#!/bin/bash\n", executable=True)]
+
+    module = types.ModuleType("gpufleet_test_fake_slurm")
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+    module.SCHEDULER = Scheduler()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry.TARGET_MODULES, "slurm", module.__name__)
+    by_target = _render_targets(Output(), _spec(), ["megatron", "slurm"], {"megatron", "slurm"}, tmp_path / "run")
+    assert set(by_target) == {"megatron", "slurm"}
+    from gpufleet.emit.megatron import ARGS_FILE
+
+    written = next(f.text for f in by_target["megatron"] if f.path == ARGS_FILE).split()
+    assert seen == [("pretrain_gpt.py", *written)]  # the same arguments as the written argument file
+    from gpufleet.emit.start import start_command
+
+    assert start_command(by_target, tmp_path / "run", _spec()) == f"sbatch {tmp_path / 'run' / 'job.sbatch'}"
