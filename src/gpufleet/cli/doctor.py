@@ -14,6 +14,8 @@ from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 
 if TYPE_CHECKING:
+    from gpufleet.runtime.doctor.checks import NodeReport
+    from gpufleet.runtime.doctor.cluster import Outlier, RankReport
     from gpufleet.runtime.doctor.nccl_log import Finding, NcclLogReport
 
 _SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan", "fail": "red", "warn": "yellow",
@@ -121,8 +123,165 @@ def nccl_log_command(
     out.emit(data, _render_nccl_log(data))
 
 
+DOCTOR_HELP = """Check this node before training, read-only: GPU count, ECC, persistence mode, clocks, NVLink, RDMA
+ports (state and rate), the GPUDirect RDMA module, NCCL and PyTorch allocator environment, memlock limit, the
+checkpoint disk (space; speed with --disk-speed) and clock sync. Exit 1 naming each failed check.
+
+With --cluster, run under torchrun or srun (one rank per GPU): every rank checks and benchmarks its node and GPU,
+rank 0 prints each rank's report and names the outliers (a figure far below the median of the ranks).
+
+Examples:
+
+    gpufleet doctor --gpus 8 --nic-gbps 400 --checkpoint-path /checkpoints --need-free 2TB
+
+    torchrun --nnodes 16 --nproc-per-node 8 ... -m gpufleet doctor --cluster --gpus 8 --json
+
+    gpufleet doctor nccl-log run.log
+"""
+
+
+def _check_rows(report: NodeReport) -> list[dict[str, Any]]:
+    return [{"id": c.id, "status": c.status, "message": c.message, "fix": c.fix, "figures": c.figures}
+            for c in report.checks]
+
+
+def _render_checks(host: str, rows: list[dict[str, Any]]) -> Any:
+    def render(console: Console) -> None:
+        table = Table(title=f"doctor: {host}", title_justify="left")
+        for column in ("check", "status", "what", "change"):
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            style = _SEVERITY_STYLE.get(row["status"], "")
+            table.add_row(row["id"], f"[{style}]{row['status']}[/{style}]", row["message"], row["fix"])
+        console.print(table)
+    return render
+
+
+def _request(gpus: int | None, nic_gbps: float | None, checkpoint_path: Path | None, need_free: str | None,
+             disk_speed: bool, min_disk_write_gbps: float | None) -> Any:
+    from gpufleet.runtime.doctor.node import DoctorRequest
+    from gpufleet.units import parse_bytes
+
+    if (need_free or disk_speed or min_disk_write_gbps) and checkpoint_path is None:
+        raise InputError("--need-free, --disk-speed and --min-disk-write-gbps need --checkpoint-path DIR")
+    return DoctorRequest(
+        expected_gpus=gpus, expected_nic_gbps=nic_gbps, checkpoint_path=checkpoint_path,
+        need_free_bytes=parse_bytes(need_free, "--need-free") if need_free else None,
+        measure_disk=_measure_disk if disk_speed or min_disk_write_gbps else None,
+        min_disk_write_bytes_per_s=min_disk_write_gbps * 1e9 if min_disk_write_gbps else None)
+
+
+#: The scratch file `doctor --disk-speed` writes and removes: one checkpoint shard's worth (judgement, as
+#: bench disk's smaller default size).
+DISK_SPEED_BYTES = 256 * 2**20
+
+
+def _measure_disk(path: Path) -> Any:
+    from gpufleet.runtime.bench.disk import bench_disk
+    from gpufleet.runtime.doctor.system import DiskSpeed
+
+    [row] = bench_disk(path, (DISK_SPEED_BYTES,))
+    return DiskSpeed(row.write_bytes_per_s, row.read_bytes_per_s)
+
+
+def _node(out: Output, request: Any, seams: Any) -> None:
+    from gpufleet.runtime.doctor.node import check_node
+
+    report = check_node(request, seams)
+    rows = _check_rows(report)
+    data = {"host": report.host, "checks": rows, "failed": [row["id"] for row in rows if row["status"] == "fail"]}
+    failed = [{"id": row["id"], "message": row["message"]} for row in rows if row["status"] == "fail"]
+    if failed:
+        out.check_failed(_failed_message(report.host, failed), data, _render_checks(report.host, rows))
+    out.emit(data, _render_checks(report.host, rows))
+
+
+def _cluster_data(reports: list[RankReport], outliers: list[Outlier]) -> dict[str, Any]:
+    return {
+        "ranks": [{"rank": r.rank, "host": r.host, "figures": r.figures(),
+                   "failed": [c.id for c in r.report.failed], "checks": _check_rows(r.report)} for r in reports],
+        "outliers": [{"rank_label": o.label, "figure": o.figure, "value": o.value, "median": o.median,
+                      "fraction_of_median": o.fraction} for o in outliers],
+    }
+
+
+def _render_cluster(data: dict[str, Any]) -> Any:
+    def render(console: Console) -> None:
+        names = sorted({name for rank in data["ranks"] for name in rank["figures"]})
+        table = Table(title=f"doctor --cluster: {len(data['ranks'])} rank(s)", title_justify="left")
+        for column in ("rank", "failed checks", *names):
+            table.add_column(column, overflow="fold")
+        for rank in data["ranks"]:
+            table.add_row(f"{rank['host']}/rank{rank['rank']}", ", ".join(rank["failed"]) or "-",
+                          *(f"{rank['figures'][name]:.4g}" if name in rank["figures"] else "-" for name in names))
+        console.print(table)
+        for outlier in data["outliers"]:
+            console.print(f"[red]outlier[/red] {outlier['rank_label']}: {outlier['figure']} {outlier['value']:.4g} "
+                          f"is {outlier['fraction_of_median']:.0%} of the median {outlier['median']:.4g}")
+    return render
+
+
+def _cluster(out: Output, request: Any, seams: Any, bench: bool, fraction: float) -> None:
+    import socket
+
+    from gpufleet.runtime.bench.collectives import init_process_group
+    from gpufleet.runtime.doctor.cluster import RankReport, find_outliers, gather_reports, quick_bench
+    from gpufleet.runtime.doctor.node import check_node
+
+    dist = init_process_group("doctor --cluster")
+    try:
+        host = socket.gethostname()
+        mine = RankReport(dist.get_rank(), host, check_node(request, seams), quick_bench() if bench else {})
+        reports = gather_reports(dist, mine)
+    finally:
+        dist.destroy_process_group()
+    if reports is None:
+        return
+    outliers = find_outliers(reports, fraction)
+    data = _cluster_data(reports, outliers)
+    problems = [f"{r.label}: {c.id}" for r in reports for c in r.report.failed]
+    problems += [f"{o.label}: {o.figure} at {o.fraction:.0%} of the median" for o in outliers]
+    if problems:
+        out.check_failed(f"{len(problems)} problem(s) across {len(reports)} rank(s): " + "; ".join(problems), data,
+                         _render_cluster(data))
+    out.emit(data, _render_cluster(data))
+
+
+def doctor_callback(
+    ctx: typer.Context,
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs this node must show."),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=1, help="Rate every RDMA port must run at, Gb/s "
+                                          "(default: the fastest port's)."),
+    checkpoint_path: Path | None = typer.Option(None, "--checkpoint-path", help="Folder checkpoints go to."),
+    need_free: str | None = typer.Option(None, "--need-free", help="Free space needed there, e.g. 2TB."),
+    disk_speed: bool = typer.Option(False, "--disk-speed", help="Also time a 256 MiB write (fsync'd) and read there; "
+                                    "the scratch file is removed."),
+    min_disk_write_gbps: float | None = typer.Option(None, "--min-disk-write-gbps", min=0,
+                                                     help="Fail below this write speed, GB/s (implies --disk-speed)."),
+    cluster: bool = typer.Option(False, "--cluster", help="Gather every rank's report (run under torchrun/srun)."),
+    bench: bool = typer.Option(True, "--bench/--no-bench", help="With --cluster: a quick GEMM and memory bench."),
+    outlier_fraction: float = typer.Option(0.8, "--outlier-fraction", min=0.01, max=1.0,
+                                           help="With --cluster: below this fraction of the median is an outlier."),
+    sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root", help="Where sysfs is (a container may mount the "
+                                    "host's elsewhere)."),
+    proc_root: Path = typer.Option(Path("/proc"), "--proc-root", help="Where procfs is."),
+    json_out: bool = JsonOption,
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    from gpufleet.runtime.doctor.seams import NodeSeams
+
+    out = Output(json_mode=json_out)
+    request = _request(gpus, nic_gbps, checkpoint_path, need_free, disk_speed, min_disk_write_gbps)
+    seams = NodeSeams(sysfs_root=sysfs_root, proc_root=proc_root)
+    if cluster:
+        _cluster(out, request, seams, bench, outlier_fraction)
+        return
+    _node(out, request, seams)
+
+
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Check a node (or every node of a job) before training; read NCCL logs.",
-                        no_args_is_help=True)
+    group = typer.Typer(help=DOCTOR_HELP, invoke_without_command=True)
+    group.callback()(doctor_callback)
     group.command("nccl-log", help=NCCL_LOG_HELP)(nccl_log_command)
     app.add_typer(group, name="doctor")
