@@ -14,11 +14,13 @@ from rich.table import Table
 from gpufleet.catalog.records import Precision
 from gpufleet.cli.common import (
     MAX_SWEEP_COUNTS,
+    CalibrationOption,
     CatalogOption,
     JsonOption,
     check_gpu_count,
     gpu_for,
     open_catalog,
+    with_calibration,
 )
 from gpufleet.cli.output import EXIT_USAGE, Output
 from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
@@ -260,6 +262,7 @@ def register(app: typer.Typer) -> None:
                                   f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
                                   "override its settings. Default: Megatron-LM's defaults."),
         catalog: list[Path] = CatalogOption,
+        calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
     ) -> None:
         """Rank every parallel layout that fits in memory by time-to-train.
@@ -271,7 +274,7 @@ def register(app: typer.Typer) -> None:
         * `gpufleet plan -m llama3-70b -t 2T -n 256-4096 --deadline 30d` — smallest cluster that meets it.
         """
         out = Output(json)
-        cat = open_catalog(catalog)
+        cat = open_catalog(with_calibration(catalog, calibration))
         if topology not in TOPOLOGY_KINDS:
             raise InputError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGY_KINDS)}")
         if rank_by not in ("time", "cost"):
