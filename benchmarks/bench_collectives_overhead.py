@@ -6,7 +6,8 @@ Rank 0 prints `name=value` lines: overhead (our per-call time / the bare loop's,
 best of --rounds; target <= 0.05) and the raw per-size figures. The bare loop is what one writes by hand:
 `dist.all_reduce(t)` `iters` times between two perf_counter reads after a barrier. Ours is
 `gpufleet.runtime.bench.collectives.bench_collectives` (the code `gpufleet bench collectives` runs), all-reduce
-only, same iters and warmup. The two alternate per round so that both see the same machine state.
+only, same iters and warmup. The two alternate size by size, and which one goes first alternates by round
+(the first timing after a change of size is slower, whichever side runs it), so both see the same machine state.
 """
 
 from __future__ import annotations
@@ -42,17 +43,24 @@ def main() -> None:
     parser.add_argument("--max-bytes", default="4MiB")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     sizes = size_sweep(int(parse_bytes(args.min_bytes)), int(parse_bytes(args.max_bytes)), 4.0)
     ours: dict[int, list[float]] = {size: [] for size in sizes}
     bare: dict[int, list[float]] = {size: [] for size in sizes}
-    for _ in range(args.rounds):
-        for row in bench_collectives(dist, CollectivesRequest(["all-reduce"], sizes, args.iters, args.warmup)):
-            ours[row.size_bytes].append(row.time_s)
-        for size in sizes:
-            bare[size].append(bare_all_reduce_s(size, args.iters, args.warmup))
+    for round_index in range(args.rounds):
+        for size in sizes:  # the sides alternate size by size, and which goes first alternates by round: the first
+            # timing after a change of size pays for gloo's buffers, whichever side it is (measured: 2-3x)
+            def run_ours(size: int = size) -> None:
+                [row] = bench_collectives(dist, CollectivesRequest(["all-reduce"], [size], args.iters, args.warmup))
+                ours[size].append(row.time_s)
+
+            def run_bare(size: int = size) -> None:
+                bare[size].append(bare_all_reduce_s(size, args.iters, args.warmup))
+
+            for run in (run_ours, run_bare) if round_index % 2 == 0 else (run_bare, run_ours):
+                run()
     if dist.get_rank() == 0:
         ratios = []
         for size in sizes:
