@@ -13,6 +13,7 @@ from clirun import one_error_line, run_gpufleet
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.runtime.bench.busbw import SHORTFALL_FRACTION, expected_busbw_gbps, measured_row, parse_ops, size_sweep
+from gpufleet.runtime.bench.collectives import from_slurm
 from gpufleet.runtime.bench.disk import bench_disk
 from gpufleet.runtime.bench.shapes import model_gemm_shapes
 
@@ -103,6 +104,13 @@ def test_cli_memory_counts_read_and_write() -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["bandwidth_gbps"] == pytest.approx(2 * data["size_bytes"] / data["time_s"] / 1e9)
+
+
+def test_srun_tasks_get_the_torch_distributed_variables() -> None:
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "MASTER_ADDR": "node001"}
+    assert from_slurm(slurm) == {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}
+    assert from_slurm({**slurm, "RANK": "5"}) == {}  # torchrun inside srun: torchrun's own variables win
+    assert from_slurm({"SLURM_PROCID": "0"}) == {}  # no rendezvous host: nothing to build a group from
 
 
 def test_collectives_without_a_process_group_say_how_to_launch() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,27 @@ from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.topology import Cluster
 from gpufleet.runtime.bench.busbw import CollectiveRow, expected_busbw_gbps, measured_row
 
-LAUNCH_HINT = ("run it under torchrun or srun, e.g. `torchrun --nproc-per-node 8 -m gpufleet bench collectives` "
-               "(RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT unset)")
+LAUNCH_HINT = ("run it under torchrun, e.g. `torchrun --nproc-per-node 8 -m gpufleet bench collectives`, or under "
+               "srun with MASTER_ADDR exported (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT unset)")
 #: Element type of the buffers: float32, as nccl-tests' default (`-d float`).
 ELEMENT_BYTES = 4
 
 
-def launched_by_a_launcher(environ: dict[str, str] | None = None) -> bool:
+#: torch.distributed's default port, used under srun when the job script sets MASTER_ADDR but not MASTER_PORT.
+DEFAULT_MASTER_PORT = "29500"
+
+
+def from_slurm(environ: Mapping[str, str]) -> dict[str, str]:
+    """The torch.distributed variables an `srun` task lacks, from Slurm's own (SLURM_PROCID, SLURM_NTASKS,
+    SLURM_LOCALID); empty unless the job script set MASTER_ADDR (Slurm does not know the rendezvous host)."""
+    if "RANK" in environ or "SLURM_PROCID" not in environ or "MASTER_ADDR" not in environ:
+        return {}
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ.get("SLURM_NTASKS", "1"),
+            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "MASTER_PORT": environ.get("MASTER_PORT", DEFAULT_MASTER_PORT)}
+
+
+def launched_by_a_launcher(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     return all(name in env for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
@@ -36,6 +50,7 @@ def init_process_group(command: str) -> Any:
     import torch
     import torch.distributed as dist
 
+    os.environ.update(from_slurm(os.environ))
     if not launched_by_a_launcher():
         raise InputError(f"{command} needs a process group: {LAUNCH_HINT.replace('bench collectives', command)}")
     if dist.is_initialized():

@@ -74,6 +74,9 @@ def join_process_group() -> Any:
     import torch
     import torch.distributed as dist
 
+    from gpufleet.runtime.bench.collectives import from_slurm
+
+    os.environ.update(from_slurm(os.environ))  # under srun (with MASTER_ADDR exported): Slurm's task numbers
     if "RANK" not in os.environ:  # started alone: a group of one
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(_free_port())})
