@@ -17,6 +17,10 @@ CatalogOption = typer.Option(
     "Entries with an existing id override the built-in ones.",
 )
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+CalibrationOption = typer.Option(
+    None, "--calibration",
+    help="A calibration profile (`gpufleet calibrate` writes one): its GPU entries override the built-in ones.",
+)
 #: The GPU a command assumes when neither --gpu nor --node names one.
 DEFAULT_GPU = "h100-sxm"
 #: The largest GPU count `plan` and `fabric build` accept (judgement: 16x the largest clusters announced by 2026,
@@ -42,6 +46,16 @@ def open_catalog(paths: list[Path] | None) -> Catalog:
         for note in catalog.check():
             sys.stderr.write(f"warning: {note}\n")
     return catalog
+
+
+def with_calibration(paths: list[Path] | None, calibration: Path | None) -> list[Path]:
+    """The --catalog files plus a --calibration profile, checked to be one (only `calibrations:` entries)."""
+    if calibration is None:
+        return list(paths or [])
+    from gpufleet.catalog.calibration_file import read_calibration_file
+
+    read_calibration_file(calibration)
+    return [*(paths or []), calibration]
 
 
 def gpu_for(cat: Catalog, node: str | None, gpu: str | None) -> str:

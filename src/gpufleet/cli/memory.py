@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.catalog.records import NodeSpec, Precision
-from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 from gpufleet.fabric.topology import node_as_used
@@ -125,6 +125,7 @@ def register(app: typer.Typer) -> None:
         ),
         offload_optimizer: bool = typer.Option(False, "--offload-optimizer", help="Optimizer states on CPU."),
         catalog: list[Path] = CatalogOption,
+        calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
     ) -> None:
         """Memory per GPU for every pipeline stage, and fit / no-fit against the GPU's HBM.
@@ -133,7 +134,7 @@ def register(app: typer.Typer) -> None:
 
         Example: `gpufleet memory -m llama3-70b -g h100-sxm -n 64 --tp 8 --pp 2 --sharding zero1`
         """
-        cat = open_catalog(catalog)
+        cat = open_catalog(with_calibration(catalog, calibration))
         spec = cat.model(model)
         gpu_spec = cat.gpu(gpu)
         _choice(recompute, RECOMPUTES, "recompute")

@@ -16,11 +16,13 @@ from gpufleet.catalog.records import Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.common import (
     MAX_SWEEP_COUNTS,
+    CalibrationOption,
     CatalogOption,
     JsonOption,
     check_gpu_count,
     gpu_for,
     open_catalog,
+    with_calibration,
 )
 from gpufleet.cli.output import EXIT_USAGE, Output
 from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
@@ -368,6 +370,7 @@ def register(app: typer.Typer) -> None:
         eager: bool = EagerOption,
         stack: str | None = StackOption,
         catalog: list[Path] = CatalogOption,
+        calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
     ) -> None:
         """Rank every parallel layout that fits in memory by time-to-train.
@@ -379,7 +382,7 @@ def register(app: typer.Typer) -> None:
         * `gpufleet plan -m llama3-70b -t 2T -n 256-4096 --deadline 30d` — smallest cluster that meets it.
         """
         out = Output(json)
-        cat = open_catalog(catalog)
+        cat = open_catalog(with_calibration(catalog, calibration))
         given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
                                 selective_policy, eager, stack)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
+from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 
@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
                                          "parity plot (one colour per source), the error table and the summary "
                                          "figures (docs/report.md)."),
         catalog: list[Path] = CatalogOption,
+        calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
     ) -> None:
         """Predict each run's tokens/s per GPU and report predicted, target and error.
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
             from gpufleet.report.plots import check_output_path
 
             check_output_path(html_report, "--html", (".html", ".htm"))
-        cat = open_catalog(catalog)
+        cat = open_catalog(with_calibration(catalog, calibration))
         loaded = load_runs(runs)
         if node is not None:
             node_gpu = cat.node(node).gpu  # unknown node: one line, exit 2

@@ -1,0 +1,42 @@
+"""A calibration profile file: a catalog file holding only `calibrations:` entries (what `gpufleet calibrate`
+writes and `--calibration FILE` reads). Its entries override the built-in profiles of the same GPU ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.registry import describe_validation_error, read_yaml
+from gpufleet.errors import CatalogError
+
+KIND = "calibrations"
+
+
+def read_calibration_file(path: Path) -> list[CalibrationProfile]:
+    """The profiles in `path`; CatalogError (one line) when it is not a calibration profile file."""
+    document = read_yaml(path, "calibration profile")
+    if not isinstance(document, dict) or set(document) != {KIND} or not isinstance(document[KIND], list):
+        raise CatalogError(f"calibration profile {path} must hold only a '{KIND}:' list (as `gpufleet calibrate` "
+                           "writes it)")
+    profiles = []
+    for entry in document[KIND]:
+        try:
+            profiles.append(CalibrationProfile.model_validate(entry))
+        except ValidationError as error:
+            label = entry.get("id", "?") if isinstance(entry, dict) else "?"
+            raise CatalogError(f"calibration profile {path}: entry {label!r}: "
+                               f"{describe_validation_error(error)}") from error
+    if not profiles:
+        raise CatalogError(f"calibration profile {path} holds no entries")
+    return profiles
+
+
+def calibration_yaml(profiles: list[CalibrationProfile], header: str) -> str:
+    """The YAML text of a profile file, `header` as leading comment lines."""
+    body = yaml.safe_dump({KIND: [profile.model_dump(mode="json", exclude_none=True) for profile in profiles]},
+                          sort_keys=False, allow_unicode=True, width=100)
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comments + body
