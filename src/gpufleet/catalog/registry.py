@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
+from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import CatalogError, UnknownNameError
 
 ENV_VAR = "GPUFLEET_CATALOG"
@@ -32,6 +33,7 @@ KINDS: dict[str, type[Record]] = {
     "networks": NetworkSpec,
     "models": ModelSpec,
     "calibrations": CalibrationProfile,
+    "stacks": StackRecord,
     **ECONOMICS_KINDS,
 }
 
@@ -207,6 +209,10 @@ class Catalog:
     def calibration(self, gpu_id: str) -> CalibrationProfile:
         """The GPU's calibration profile (a user profile with the same id overrides the built-in one)."""
         return self.get("calibrations", gpu_id, CalibrationProfile)
+
+    def stack(self, name: str) -> StackRecord:
+        """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""
+        return self.get("stacks", name, StackRecord)
 
     def node_for_gpu(self, gpu_id: str) -> NodeSpec:
         """The catalog's default node for a GPU (the first node record that holds it)."""

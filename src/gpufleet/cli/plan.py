@@ -26,7 +26,7 @@ from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
-from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe, recipe_search_space
+from gpufleet.planner.runs import framework_options, stack_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.report.html import plan_report_html
 from gpufleet.report.plots import check_output_path, write_series_plot
@@ -257,7 +257,8 @@ def register(app: typer.Typer) -> None:
                                    "as Transformer Engine and torch.compile run them]."),
         stack: str | None = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
                                   "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
-                                  f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
+                                  "lacks (SP, CP, activation offload): a catalog stack id (`gpufleet catalog list "
+                                  "stacks`: megatron-core, megatron-bridge, nemo, torchtitan, ...). Explicit flags "
                                   "override its settings. Default: Megatron-LM's defaults."),
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
@@ -319,7 +320,7 @@ def register(app: typer.Typer) -> None:
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),
-                           **_framework(stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy,
+                           **_framework(cat, stack, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch, selective_policy,
                                         eager))
         if not sweep:
             result = _plan_with_spinner(out, base, cat)
@@ -327,14 +328,16 @@ def register(app: typer.Typer) -> None:
             return
         _emit_sweep(out, cat, base, counts, deadline_s, plot)
 
-    def _framework(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
-                   ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
-        """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
-        options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
+    def _framework(cat: Any, stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None,
+                   overlap_ep: bool | None, ep_dispatch: str | None, selective_policy: str | None,
+                   eager: bool) -> dict[str, Any]:
+        """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags."""
+        record = cat.stack(stack) if stack is not None else None  # unknown: one line naming the nearest
+        options = framework_options(record, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
                                     ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
-        recipe = plan_stack_recipe(stack) if stack is not None else None
-        return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
-                "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}
+        return {"options": options, "attention_kernel": record.value("attention_kernel") if record else None,
+                "stack": stack,
+                "search_space": stack_search_space(record, SearchSpace()) if record else SearchSpace()}
 
     def _plan_with_spinner(out: Output, request: PlanRequest, cat: Any) -> PlanResult:
         """One plan; a search that runs past a second (large MoE spaces) shows how many layouts it has tried."""

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
         Example: gpufleet validate --plot parity.png
         """
-        from gpufleet.planner.runs import load_runs
+        from gpufleet.planner.runs import check_run_stacks, load_runs
         from gpufleet.planner.validate import predict_run, summarize
 
         out = Output(json)
@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
             check_output_path(plot, "--plot")
         cat = open_catalog(catalog)
         loaded = load_runs(runs)
+        check_run_stacks(loaded, cat, runs)
         if node is not None:
             node_gpu = cat.node(node).gpu  # unknown node: one line, exit 2
             if not any(run.hardware.gpu == node_gpu for run in loaded):

@@ -14,12 +14,12 @@ from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.runs import (
     PublishedRun,
-    matched_stack,
-    recipe_search_space,
     run_calibration,
     run_cluster,
     run_job,
+    run_stack,
     run_step_options,
+    stack_search_space,
 )
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
@@ -41,7 +41,8 @@ class RunPrediction:
     layout: Layout | None = None
     step: StepEstimate | None = None
     attention_kernel: str | None = None  # the kernel the run's stack used, as validation assumed it
-    stack: str | None = None  # the STACK_RECIPES key whose documented settings validation applied
+    stack: str | None = None  # the catalog stack whose documented settings validation applied
+    stack_defaulted: bool = False  # the run names no stack: it got the documented default
     eager: bool = False  # priced with eager PyTorch's unfused element-wise kernels (the run says it ran eager)
 
     @property
@@ -51,7 +52,7 @@ class RunPrediction:
         if self.attention_kernel and self.attention_kernel != "flash":
             notes.append(f"attention: {self.attention_kernel}")
         if self.stack:
-            notes.append(f"stack: {self.stack}")
+            notes.append(f"stack: {self.stack}" + (" (default: the run names none)" if self.stack_defaulted else ""))
         if self.eager:
             notes.append("eager element-wise")
         return "; ".join(note for note in notes if note)
@@ -75,6 +76,7 @@ class RunPrediction:
             "layout": self.layout.short() if self.layout else None,
             "attention_kernel": self.attention_kernel,
             "stack": self.stack,
+            "stack_defaulted": self.stack_defaulted,
             "eager": self.eager,
         }
 
@@ -107,31 +109,29 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
         calibration = run_calibration(run, catalog, cluster.gpu.id)
-        options = run_step_options(run, options)
+        stack, result.stack_defaulted = run_stack(run, catalog)
+        result.stack = stack.id
+        options = run_step_options(run, catalog, options)
         result.eager = not options.fused_elementwise
         result.attention_kernel = calibration.attention_kernel
         fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
         if fixed["cp"] is None:
             fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
                 else None
-        matched = matched_stack(run)
-        recipe = matched[1] if matched else None
-        result.stack = matched[0] if matched else None
+        # what the stack does when a run leaves a field null is not the planner's to choose
+        for name in ("sharding", "sequence_parallel"):
+            if fixed[name] is None and stack.value(name) is not None:
+                fixed[name] = stack.value(name)
+        if job.model.moe is not None and stack.value("expert_tp") is not None:
+            fixed["expert_tp"] = stack.value("expert_tp")
+        local_batches = (given.dp or 1) * (given.pp or 1)  # tp, pp, dp are known here
+        if (stack.value("micro_batches_per_pp_stage") and fixed["micro_batch"] is None
+                and run.global_batch % local_batches == 0):
+            fixed["micro_batch"] = run.global_batch // local_batches
         space = FILL_SPACE
-        if recipe is not None:  # what the stack is documented to use is not the planner's to choose
-            if recipe.sharding is not None and fixed["sharding"] is None:
-                fixed["sharding"] = recipe.sharding
-            if recipe.sequence_parallel is not None and fixed["sequence_parallel"] is None:
-                fixed["sequence_parallel"] = recipe.sequence_parallel
-            if job.model.moe is not None and recipe.expert_tp is not None:
-                fixed["expert_tp"] = recipe.expert_tp
-            local_batches = (given.dp or 1) * (given.pp or 1)  # tp, pp, dp are known here
-            if (recipe.micro_batches_per_pp_stage and fixed["micro_batch"] is None
-                    and run.global_batch % local_batches == 0):
-                fixed["micro_batch"] = run.global_batch // local_batches
-            if recipe.vpps is not None:
-                space = replace(space, vpps=recipe.vpps)
-            space = recipe_search_space(recipe, space)
+        if stack.value("vpps") is not None:
+            space = replace(space, vpps=tuple(stack.value("vpps")))
+        space = stack_search_space(stack, space)
         if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
             fixed["expert_tp"] = given.expert_tp
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
