@@ -65,15 +65,16 @@ def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: di
 
 #: The one high/medium run far outside the issue's 25 % bound (docs/validation.md): Qwen3-30B-A3B on 16 H100 in
 #: the 25.11 container, dropless routing. NVIDIA ran it without recompute (Megatron-Bridge perf_matrix:
-#: recompute_granularity null), which the memory model now fits, and it ran at half the speed of the same layout
-#: with token-drop routing in 25.09; gpufleet predicts it about twice as fast as measured.
+#: recompute_granularity null), which the memory model puts just over 80 GiB, so plan's search (no HBM tolerance)
+#: recomputes every layer; it ran at half the speed of the same layout with token-drop routing in 25.09.
 SMALL_EXPERT_DROPLESS_RUN = "mbridge-2511-qwen3-30b-a3b-fp8cs-16"
 
 
-def test_published_accuracy(published: dict[str, object], published_predictions: dict[str, RunPrediction]) -> None:
-    # Issue targets: high+medium median <= 10 % (met: 5.3 %), all runs median <= 15 % (met: 5.1 %);
-    # worst high+medium <= 25 %: met by every run but the dropless Qwen3-30B-A3B one (+89 %); the others are within
-    # 16 %.
+def test_regression_guard_published_accuracy(published: dict[str, object],
+                                             published_predictions: dict[str, RunPrediction]) -> None:
+    # A regression guard (bounds at the figures measured when written, docs/validation.md), in-sample: issue 7's
+    # targets high+medium median <= 10 %, all runs median <= 15 %, worst high+medium <= 25 % but for the dropless
+    # Qwen3-30B-A3B row.
     high, high_medium, everything = published["high"], published["high+medium"], published["all"]
     assert isinstance(high, dict) and isinstance(high_medium, dict) and isinstance(everything, dict)
     assert high_medium["median_abs_error"] <= 0.10
@@ -83,8 +84,10 @@ def test_published_accuracy(published: dict[str, object], published_predictions:
               if p.quality in ("high", "medium") and run_id != SMALL_EXPERT_DROPLESS_RUN]
     assert max(others) <= 0.25
     outlier = published_predictions[SMALL_EXPERT_DROPLESS_RUN]
-    assert outlier.layout is not None and outlier.layout.recompute == "none" and outlier.layout.sharding == "zero1"
-    assert outlier.error is not None and 0.5 < outlier.error < 1.1
+    assert outlier.layout is not None and outlier.layout.recompute == "full" and outlier.layout.sharding == "zero1"
+    assert outlier.error is not None and 0.3 < outlier.error < 1.1
+    # the published layouts the memory model rejects are counted, not hidden by a tolerance
+    assert published["memory_rejected"] == {"runs": 2, "ids": ["deepseek-v3-2048xh800", "mpt-30b-a100-8gpu-s2048-bf16"]}
 
 
 def test_every_run_names_a_catalog_stack_and_says_how_its_element_wise_ops_ran() -> None:
@@ -195,11 +198,9 @@ def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choos
     assert abs(predicted.error) <= 0.15
 
 
-def test_megatron_bridge_holdout() -> None:
-    # 32 rows of Megatron-Bridge's performance archive that are not in the shipped file (nothing fitted to them):
-    # the 17 dense rows (Llama 3 8B/70B/405B on H100, B200 and GB200 NVL72, 256-GPU jobs as 4 racks of 64) were a
-    # median 5.3 % off when written; H100 and B200 within 8.9 %; GB200 -22 ... +11 % (70B with FSDP, where the fill
-    # puts full recompute and NVIDIA offloaded activations to the CPU, -22 %).
+def test_regression_guard_megatron_bridge_holdout() -> None:
+    # A regression guard: 32 rows of Megatron-Bridge's performance archive that are not in the shipped file, filled
+    # by plan's own search (no HBM tolerance). Bounds at the figures measured when written (docs/validation.md).
     catalog = load_catalog()
     runs = load_runs(DATA / "megatron_bridge_holdout.yaml")
     predictions = {run.id: predict_run(run, catalog) for run in runs}
@@ -208,39 +209,34 @@ def test_megatron_bridge_holdout() -> None:
     assert len(dense) == 17
     assert statistics.median(dense.values()) <= 0.10
     assert max(error for run_id, error in dense.items() if "gb200" not in run_id) <= 0.12
-    # Llama 3 70B with FSDP on GB200 (NVIDIA offloaded 40 layers' activations to the Grace CPU): -22 % and -16 % while
-    # the fill could only recompute every layer, -13 % and -7 % with block recompute of 46 of 80 layers; the fill now
-    # offloads 46 layers over NVLink-C2C, as NVIDIA did, and lands +3 % and +10 %.
-    assert max(dense.values()) <= 0.15
+    # Llama 3 405B on GB200 (tp4 pp16 vpp4, which NVIDIA ran without recompute): the memory model puts it just over
+    # 186 GiB, so the fill recomputes one layer per virtual stage, -14 ... -16 %
+    assert max(dense.values()) <= 0.20
+    # Llama 3 70B with FSDP on GB200: NVIDIA offloaded 40 layers' activations to the Grace CPU; so does the fill
     fsdp = predictions["mbridge-2511-gb200-llama3-70b-64gpu"].layout
     assert fsdp is not None and fsdp.recompute == "none" and fsdp.offload_activation_layers is not None
-    # the token-drop twin of the shipped dropless Qwen3-30B-A3B row (same layout, 10,494 tokens/s/GPU): the fill
-    # finds what NVIDIA's 25.09 preset ran (no recompute, distributed optimizer, etp 1); predicted 29 % fast
+    # whole experts (etp 1, Megatron-Bridge's MoE presets) and the distributed optimizer, as the stack documents
     twin = predictions["mbridge-2509-h100-qwen3-30b-a3b-16gpu"]
-    assert twin.layout is not None and twin.layout.recompute == "none" and twin.layout.sharding == "zero1"
-    assert twin.error is not None and abs(twin.error) <= 0.35
-    # DeepSeek-V3 on 1,024 H100 (tp2 ep64 with whole experts, etp 1): -67 % when the experts were split over the TP
-    # pair and the saved expert outputs forced full recompute; -21 % since
+    assert twin.layout is not None and twin.layout.sharding == "zero1" and twin.layout.expert_tp == 1
     deepseek = predictions["mbridge-2509-h100-deepseek-v3-1024gpu"]
-    assert deepseek.layout is not None and deepseek.layout.expert_tp == 1 and deepseek.layout.recompute == "none"
-    assert deepseek.error is not None and abs(deepseek.error) <= 0.25
-    # MoE rows (Qwen3-30B/235B, DeepSeek-V3; dropless except 25.09): a median 17 % off when written, with the
-    # host-bound dropless MoE layer (docs/model.md); 47 % without it.
+    assert deepseek.layout is not None and deepseek.layout.expert_tp == 1
+    assert deepseek.error is not None and abs(deepseek.error) <= 0.40
     moe = [abs(predictions[run.id].error or 0.0) for run in runs if run.model.moe is not None]
     assert len(moe) == 15
-    assert statistics.median(moe) <= 0.20
+    assert statistics.median(moe) <= 0.25
 
 
-def test_llama3_405b_holdout() -> None:
-    # Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100s (430 and 400 TFLOP/s/GPU; not shipped, nothing fitted).
-    # The run gives tp, pp, dp and the batch; with the ZeRO-2-style sharding Meta describes (a stack recipe) the fill
-    # must find what made it fast: 8 virtual stages, whose bubble is 1/8 of 1F1B's. Within 1 % when written.
+def test_regression_guard_llama3_405b_holdout() -> None:
+    # A regression guard: Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100s (430 and 400 TFLOP/s/GPU), not in the
+    # shipped file. The run gives tp, pp, dp and the batch; the stack (llama3-meta) gives ZeRO-2-style sharding; plan's
+    # search tries at most 4 virtual stages (Meta's are not published), so the bubble is larger than Meta's.
     catalog = load_catalog()
     for run in load_runs(DATA / "llama3_holdout.yaml"):
         prediction = predict_run(run, catalog)
         assert prediction.layout is not None and prediction.error is not None
-        assert prediction.layout.vpp == 8 and prediction.layout.sharding == "zero2"
-        assert abs(prediction.error) <= 0.05, (run.id, prediction.error)
+        assert prediction.layout.vpp == 4 and prediction.layout.sharding == "zero2"
+        assert "sharding" not in prediction.filled
+        assert abs(prediction.error) <= 0.20, (run.id, prediction.error)
 
 
 @pytest.fixture(scope="module")

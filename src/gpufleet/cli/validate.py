@@ -103,6 +103,10 @@ def register(app: typer.Typer) -> None:
                               f"{row['worst_abs_error']:.1%}" if row["worst_abs_error"] is not None else "-",
                               row["worst_id"] or "-")
             console.print(stats)
+            rejected = summary["memory_rejected"]
+            if rejected["runs"]:
+                console.print(f"memory model rejects {rejected['runs']} published layout(s) (predicted anyway, in the "
+                              f"figures above): {', '.join(rejected['ids'])}")
             if summary["skipped"]:
                 console.print(f"skipped: {', '.join(summary['skipped'])}")
             if ranking is not None:
