@@ -8,7 +8,7 @@ the OS path separator) have the same shape as the built-in ones: a mapping from 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
+from gpufleet.catalog.fits import FitRecord, apply_fits
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import CatalogError, UnknownNameError
@@ -34,6 +35,7 @@ KINDS: dict[str, type[Record]] = {
     "models": ModelSpec,
     "calibrations": CalibrationProfile,
     "stacks": StackRecord,
+    "fits": FitRecord,
     **ECONOMICS_KINDS,
 }
 
@@ -206,9 +208,15 @@ class Catalog:
     def model(self, name: str) -> ModelSpec:
         return self.get("models", name, ModelSpec)
 
-    def calibration(self, gpu_id: str) -> CalibrationProfile:
-        """The GPU's calibration profile (a user profile with the same id overrides the built-in one)."""
-        return self.get("calibrations", gpu_id, CalibrationProfile)
+    def calibration(self, gpu_id: str, fitted: Mapping[str, float] | None = None) -> CalibrationProfile:
+        """The GPU's calibration profile (a user profile with the same id overrides the built-in one), with the
+        recorded fits (`fits:`) applied where the profile does not set the field itself; `fitted` replaces
+        recorded values by fit id (cross-validation)."""
+        return apply_fits(self.get("calibrations", gpu_id, CalibrationProfile), self.fits(), fitted)
+
+    def fits(self) -> list[FitRecord]:
+        """The recorded calibration fits (`fits:`)."""
+        return [record for record in self.records("fits").values() if isinstance(record, FitRecord)]
 
     def stack(self, name: str) -> StackRecord:
         """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""

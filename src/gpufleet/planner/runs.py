@@ -7,6 +7,7 @@ run into the planner's own records. The shipped copies live in `gpufleet/catalog
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -217,6 +218,15 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
     return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
 
 
+def check_unique_ids(runs: list[PublishedRun]) -> None:
+    """CatalogError when two runs (of several run files) share an id: results are keyed by id."""
+    seen: set[str] = set()
+    for run in runs:
+        if run.id in seen:
+            raise CatalogError(f"run id {run.id!r} appears in two run files; ids must be unique")
+        seen.add(run.id)
+
+
 def check_run_stacks(runs: list[PublishedRun], catalog: Catalog, path: Path | None = None) -> None:
     """CatalogError naming the first run whose `stack:` is not a catalog stack, and the known ones."""
     known = catalog.records("stacks")
@@ -275,9 +285,12 @@ def stack_step_options(stack: StackRecord, options: StepOptions) -> StepOptions:
     return replace(options, **changes)
 
 
-def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str) -> CalibrationProfile:
-    """The GPU's calibration, with the attention kernel the run's stack used (`stack_calibration`)."""
-    return stack_calibration(catalog.calibration(gpu_id), run_stack(run, catalog)[0].value("attention_kernel"))
+def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str,
+                    fitted: Mapping[str, float] | None = None) -> CalibrationProfile:
+    """The GPU's calibration (with the recorded fits, or `fitted` values by fit id), with the attention kernel the
+    run's stack used (`stack_calibration`)."""
+    return stack_calibration(catalog.calibration(gpu_id, fitted),
+                             run_stack(run, catalog)[0].value("attention_kernel"))
 
 
 def stack_calibration(calibration: CalibrationProfile, kernel: AttentionKernel | None) -> CalibrationProfile:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,9 +88,10 @@ class RunPrediction:
 
 
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
-                node_id: str | None = None) -> RunPrediction:
+                node_id: str | None = None, fitted: Mapping[str, float] | None = None) -> RunPrediction:
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by plan's own search (its space,
-    narrowed only by what the run's stack lacks, and its memory rule: nothing over HBM)."""
+    narrowed only by what the run's stack lacks, and its memory rule: nothing over HBM). `fitted` replaces the
+    recorded calibration fits' values by fit id (cross-validation)."""
     result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu)
     given = run.layout
     missing_core = [name for name in ("tp", "pp", "dp") if getattr(given, name) is None]
@@ -102,7 +104,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
     try:
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
-        calibration = run_calibration(run, catalog, cluster.gpu.id)
+        calibration = run_calibration(run, catalog, cluster.gpu.id, fitted)
         stack, result.stack_defaulted = run_stack(run, catalog)
         result.stack = stack.id
         options = run_step_options(run, catalog, options)
