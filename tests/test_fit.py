@@ -118,3 +118,12 @@ def test_validate_cross_validate_json_and_several_run_files() -> None:
     twice = run_gpufleet("validate", "--runs", str(DATA / "llama3_holdout.yaml"), "--runs",
                          str(DATA / "llama3_holdout.yaml"))
     assert twice.returncode == 2 and "appears in two run files" in one_error_line(twice)
+
+
+def test_a_run_file_naming_an_unknown_stack_is_one_line_exit_2(tmp_path: Path) -> None:
+    text = (DATA / "llama3_holdout.yaml").read_text(encoding="utf-8").replace("stack: llama3-meta", "stack: meta")
+    path = tmp_path / "runs.yaml"
+    path.write_text(text, encoding="utf-8")
+    done = run_gpufleet("validate", "--runs", str(path))
+    assert done.returncode == 2
+    assert "stack 'meta' is not a catalog stack; known: " in one_error_line(done)
