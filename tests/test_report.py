@@ -168,9 +168,12 @@ def test_the_report_is_well_formed_and_offline(planned: tuple[PlanResult, PlanFi
     assert not re.search(r"(src|href)=|<script|url\(", page)  # nothing to fetch
 
 
+TORCHTITAN = load_catalog([]).stack("torchtitan")
+
+
 @pytest.mark.parametrize("request_", [PlanRequest(), replace(
     PlanRequest(model="llama3-70b", gpus=128, oversubscription=2.0, stack="torchtitan"),
-    options=framework_options("torchtitan", overlap_tp=True, dtensor_tp=None, overlap_ep=None, ep_dispatch=None,
+    options=framework_options(TORCHTITAN, overlap_tp=True, dtensor_tp=None, overlap_ep=None, ep_dispatch=None,
                               selective_policy=None, eager=True))])
 def test_a_request_survives_json(request_: PlanRequest) -> None:
     assert request_from_dict(json.loads(json.dumps(request_to_dict(request_)))) == request_
@@ -191,7 +194,7 @@ def test_the_fit_check_sees_the_fullest_stage_of_an_uneven_pipeline() -> None:
 
     catalog = load_catalog([])
     model = catalog.model("llama3-405b")
-    memory = framework_options("torchtitan", overlap_tp=None, dtensor_tp=None, overlap_ep=None, ep_dispatch=None,
+    memory = framework_options(TORCHTITAN, overlap_tp=None, dtensor_tp=None, overlap_ep=None, ep_dispatch=None,
                                selective_policy=None, eager=False).memory
     layout = Layout(tp=4, pp=32, vpp=4, cp=2, dp=2, micro_batch=1, sharding="zero1", sequence_parallel=True)
     shape = {"seq_len": 4096, "global_batch": 1024, "precision": "bf16", "assumptions": memory}

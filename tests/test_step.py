@@ -26,7 +26,10 @@ CATALOG = load_catalog()
 H100 = CATALOG.gpu("h100-sxm")
 DGX = CATALOG.node("dgx-h100")
 NDR = CATALOG.network("ndr400")
-CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
+#: H100's measured fractions (calibration.yaml) with the fitted constants (data/fits.yaml) pinned at round values of
+#: the tests' own, so that the arithmetic below stays by hand whatever a refit records.
+CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile).model_copy(
+    update={"in_training_fraction": 0.87, "cudnn_attention_fraction": 0.6, "host_s_per_kernel": 10e-6})
 LLAMA8 = CATALOG.model("llama3-8b")
 LLAMA70 = CATALOG.model("llama3-70b")
 

@@ -1,7 +1,9 @@
 """The model against measured runs: published-run accuracy and vTrain layout ranking.
 
-The bounds are the figures measured when this file was written (see docs/validation.md); they guard
-against regressions. Issue targets that are not yet met are named next to each bound.
+Tests named `test_regression_guard_*` pin bounds at the figures measured when they were written
+(docs/validation.md): they catch regressions and prove nothing about accuracy. Every run file here is also
+a fitting set of the recorded calibration fits (catalog/data/fits.yaml), so their figures are in-sample;
+the out-of-sample figures are tests/test_fit.py's leave-one-source-out ones.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpufleet.catalog.registry import load_catalog
-from gpufleet.errors import InputError
+from gpufleet.errors import GpufleetError
 from gpufleet.fabric.collectives import collective_cost
 from gpufleet.fabric.placement import group_span
 from gpufleet.fabric.topology import Cluster, Fabric
@@ -22,16 +24,20 @@ from gpufleet.perf.step import StepOptions
 from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
 from gpufleet.planner.runs import (
     PublishedRun,
-    cited_years,
+    check_run_stacks,
     load_runs,
     run_calibration,
     run_step_options,
     shipped_runs_path,
-    stack_recipe,
 )
 from gpufleet.planner.validate import RunPrediction, predict_run, summarize
 
 DATA = Path(__file__).parent / "data"
+RUN_FILES = (shipped_runs_path(), shipped_runs_path("vtrain_runs.yaml"), *sorted(DATA.glob("*_holdout.yaml")))
+
+
+def _options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
+    return run_step_options(run, load_catalog(), options)
 
 
 def test_spearman_by_hand() -> None:
@@ -61,15 +67,16 @@ def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: di
 
 #: The one high/medium run far outside the issue's 25 % bound (docs/validation.md): Qwen3-30B-A3B on 16 H100 in
 #: the 25.11 container, dropless routing. NVIDIA ran it without recompute (Megatron-Bridge perf_matrix:
-#: recompute_granularity null), which the memory model now fits, and it ran at half the speed of the same layout
-#: with token-drop routing in 25.09; gpufleet predicts it about twice as fast as measured.
+#: recompute_granularity null), which the memory model puts just over 80 GiB, so plan's search (no HBM tolerance)
+#: recomputes every layer; it ran at half the speed of the same layout with token-drop routing in 25.09.
 SMALL_EXPERT_DROPLESS_RUN = "mbridge-2511-qwen3-30b-a3b-fp8cs-16"
 
 
-def test_published_accuracy(published: dict[str, object], published_predictions: dict[str, RunPrediction]) -> None:
-    # Issue targets: high+medium median <= 10 % (met: 5.3 %), all runs median <= 15 % (met: 5.1 %);
-    # worst high+medium <= 25 %: met by every run but the dropless Qwen3-30B-A3B one (+89 %); the others are within
-    # 16 %.
+def test_regression_guard_published_accuracy(published: dict[str, object],
+                                             published_predictions: dict[str, RunPrediction]) -> None:
+    # A regression guard (bounds at the figures measured when written, docs/validation.md), in-sample: issue 7's
+    # targets high+medium median <= 10 %, all runs median <= 15 %, worst high+medium <= 25 % but for the dropless
+    # Qwen3-30B-A3B row.
     high, high_medium, everything = published["high"], published["high+medium"], published["all"]
     assert isinstance(high, dict) and isinstance(high_medium, dict) and isinstance(everything, dict)
     assert high_medium["median_abs_error"] <= 0.10
@@ -79,18 +86,43 @@ def test_published_accuracy(published: dict[str, object], published_predictions:
               if p.quality in ("high", "medium") and run_id != SMALL_EXPERT_DROPLESS_RUN]
     assert max(others) <= 0.25
     outlier = published_predictions[SMALL_EXPERT_DROPLESS_RUN]
-    assert outlier.layout is not None and outlier.layout.recompute == "none" and outlier.layout.sharding == "zero1"
-    assert outlier.error is not None and 0.5 < outlier.error < 1.1
+    assert outlier.layout is not None and outlier.layout.recompute == "full" and outlier.layout.sharding == "zero1"
+    assert outlier.error is not None and 0.3 < outlier.error < 1.1
+    # the published layouts the memory model rejects are counted, not hidden by a tolerance
+    assert published["memory_rejected"] == {"runs": 2, "ids": ["deepseek-v3-2048xh800", "mpt-30b-a100-8gpu-s2048-bf16"]}
 
 
-def test_every_plan_stack_names_a_recipe() -> None:
-    from gpufleet.planner.runs import PLAN_STACKS, STACK_RECIPES, plan_stack_recipe
+def test_every_run_names_a_catalog_stack_and_says_how_its_element_wise_ops_ran() -> None:
+    catalog = load_catalog()
+    for path in RUN_FILES:
+        runs = load_runs(path)
+        check_run_stacks(runs, catalog, path)
+        assert all(run.elementwise in ("fused", "eager") for run in runs), path
+    # the stack every `plan --stack` example names is a catalog stack; an unknown name names the nearest
+    for name in ("megatron-core", "megatron-bridge", "nemo", "nemo-automodel", "torchtitan", "llm-foundry",
+                 "deepseek-v3", "bloom-megatron-deepspeed"):
+        catalog.stack(name)
+    assert catalog.stack("deepseek-v3").value("ep_dispatch") == "dedup"
+    with pytest.raises(GpufleetError, match="megatron-bridge"):
+        catalog.stack("megatron")
+    bad = load_runs()[0].model_copy(update={"stack": "megatron"})
+    with pytest.raises(GpufleetError, match="stack 'megatron' is not a catalog stack"):
+        check_run_stacks([bad], catalog)
 
-    keys = {key for key, _ in STACK_RECIPES}
-    assert set(PLAN_STACKS.values()) <= keys
-    assert plan_stack_recipe("deepseek-v3").ep_dispatch == "dedup"
-    with pytest.raises(InputError, match="megatron-bridge"):
-        plan_stack_recipe("megatron")
+
+def test_free_text_changes_nothing_and_a_run_without_a_stack_gets_the_default() -> None:
+    # What a run's source, id or notes say is never read: only `stack:` and `elementwise:` choose settings.
+    catalog = load_catalog()
+    run = next(r for r in load_runs() if r.id == "torchtitan-8b-8gpu-fsdp-eager")
+    reworded = run.model_copy(update={"source": "NVIDIA-NeMo/Megatron-Bridge 2021 llm-foundry", "id": "x",
+                                      "notes": "not eager"})
+    assert _options(reworded) == _options(run)
+    assert run_calibration(reworded, catalog, "h100-sxm") == run_calibration(run, catalog, "h100-sxm")
+    unnamed = run.model_copy(update={"stack": None, "elementwise": None})
+    assert _options(unnamed) == StepOptions()  # Megatron-LM's defaults, fused element-wise kernels
+    prediction = predict_run(unnamed, catalog)
+    assert prediction.stack == "megatron-lm" and prediction.stack_defaulted
+    assert "stack: megatron-lm (default: the run names none)" in prediction.note
 
 
 def test_stacks_before_megatrons_async_tp_all_reduce_run_it_in_line() -> None:
@@ -98,7 +130,7 @@ def test_stacks_before_megatrons_async_tp_all_reduce_run_it_in_line() -> None:
     # gradient in line; Megatron-Core / Megatron-DeepSpeed since 2022 hide it under the weight-gradient GEMM, and
     # torchtitan's DTensor TP runs it in line.
     runs = {run.id: run for run in load_runs()}
-    inline = {run_id: not run_step_options(run).tp_async_backward for run_id, run in runs.items()}
+    inline = {run_id: not _options(run).tp_async_backward for run_id, run in runs.items()}
     assert inline["bloom-176b-384gpu"] and inline["mtnlg-530b-2240"] and inline["sc21-t1-145b"]
     assert all(inline[r] for r in runs if r.startswith("torchtitan"))
     assert not any(inline[r] for r in runs if r.startswith(("mcore", "korthikanti", "mpt", "deepseek")))
@@ -128,20 +160,18 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
     # on TP communication overlap and benchmark MoE models with force-balanced routing; other stacks keep
     # gpufleet's Megatron-LM defaults (fp32 main_grad, no TP overlap, 1.2 expert imbalance).
     runs = {run.id: run for run in load_runs()}
-    bridge = run_step_options(runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"], StepOptions(dp_overlap=False))
+    bridge = _options(runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"], StepOptions(dp_overlap=False))
     assert bridge.memory.grad_dtype == "bf16"
     assert bridge.tp_comm_overlap and bridge.ep_imbalance == 1.0 and bridge.moe_dropless
     assert bridge.loss_bytes_per_logit == 40.0  # fused cross-entropy; Megatron-LM's default unfused one moves 52
-    token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"source": (
-        "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.09 NeMo Container / Pre-Training")})
-    assert not run_step_options(token_drop).moe_dropless  # the archive labels 25.09's MoE rows "(tokendrop)"
+    token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"stack": "megatron-bridge-25.09"})
+    assert not _options(token_drop).moe_dropless  # the archive labels 25.09's MoE rows "(tokendrop)"
     assert not bridge.dp_overlap  # the caller's own options are kept
-    other = run_step_options(runs["mpt-7b-h100-8gpu-s2048-bf16"])
+    other = _options(runs["mpt-7b-h100-8gpu-s2048-bf16"])
     assert other == StepOptions()
     # NeMo 2's performance tables: the same gradient and TP settings and TE's cuDNN attention, default routing
-    nemo = runs["mpt-7b-h100-8gpu-s2048-bf16"].model_copy(
-        update={"source": "NVIDIA/NeMo docs/source/performance/performance_summary.md, 24.12"})
-    nemo_options = run_step_options(nemo)
+    nemo = runs["mpt-7b-h100-8gpu-s2048-bf16"].model_copy(update={"stack": "nemo"})
+    nemo_options = _options(nemo)
     assert nemo_options.memory.grad_dtype == "bf16" and nemo_options.tp_comm_overlap
     assert nemo_options.ep_imbalance == StepOptions().ep_imbalance
     assert run_calibration(nemo, load_catalog(), "h100-sxm").attention_kernel == "cudnn"
@@ -159,11 +189,10 @@ def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choos
     dense = predict_run(runs["mcore-h100-weak-70b"], catalog)  # Megatron-Core's README, not Bridge: no recipe
     assert dense.layout is not None and dense.layout.expert_tp is None
     meta = load_runs(DATA / "llama3_holdout.yaml")[0]
-    recipe = stack_recipe(meta)
-    assert recipe is not None and recipe.sharding == "zero2"
+    assert meta.stack is not None and catalog.stack(meta.stack).value("sharding") == "zero2"
     # DeepSeek-V3's report: DualPipe hides the expert all-to-all under another micro-batch's compute, and each token
     # crosses InfiniBand once per destination node (was -50 % with a plain, exposed all-to-all)
-    deepseek = run_step_options(runs["deepseek-v3-2048xh800"])
+    deepseek = _options(runs["deepseek-v3-2048xh800"])
     assert deepseek.ep_comm_overlap and deepseek.ep_dispatch == "dedup"
     predicted = predict_run(runs["deepseek-v3-2048xh800"], catalog)
     assert predicted.step is not None and predicted.error is not None
@@ -171,11 +200,9 @@ def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choos
     assert abs(predicted.error) <= 0.15
 
 
-def test_megatron_bridge_holdout() -> None:
-    # 32 rows of Megatron-Bridge's performance archive that are not in the shipped file (nothing fitted to them):
-    # the 17 dense rows (Llama 3 8B/70B/405B on H100, B200 and GB200 NVL72, 256-GPU jobs as 4 racks of 64) were a
-    # median 5.3 % off when written; H100 and B200 within 8.9 %; GB200 -22 ... +11 % (70B with FSDP, where the fill
-    # puts full recompute and NVIDIA offloaded activations to the CPU, -22 %).
+def test_regression_guard_megatron_bridge_holdout() -> None:
+    # A regression guard: 32 rows of Megatron-Bridge's performance archive that are not in the shipped file, filled
+    # by plan's own search (no HBM tolerance). Bounds at the figures measured when written (docs/validation.md).
     catalog = load_catalog()
     runs = load_runs(DATA / "megatron_bridge_holdout.yaml")
     predictions = {run.id: predict_run(run, catalog) for run in runs}
@@ -184,64 +211,39 @@ def test_megatron_bridge_holdout() -> None:
     assert len(dense) == 17
     assert statistics.median(dense.values()) <= 0.10
     assert max(error for run_id, error in dense.items() if "gb200" not in run_id) <= 0.12
-    # Llama 3 70B with FSDP on GB200 (NVIDIA offloaded 40 layers' activations to the Grace CPU): -22 % and -16 % while
-    # the fill could only recompute every layer, -13 % and -7 % with block recompute of 46 of 80 layers; the fill now
-    # offloads 46 layers over NVLink-C2C, as NVIDIA did, and lands +3 % and +10 %.
-    # Llama 3.1 405B on GB200 (tp4 pp16 vpp8, recompute not published): 126 layers over 128 chunks put 8 layers on
-    # stage 1 and 7 on stage 0; once the fit check saw every stage (it looked only at the first and last), the
-    # memory model puts stage 1 at 207 GiB of 186 without recompute, so the fill recomputes every layer and
-    # predicts 27 % slow (-14 % and -16 % for the two 4-chunk rows). A memory over-estimate the fit check used to
-    # hide: the bound below is widened for that one row, not for the others.
-    assert max(error for run_id, error in dense.items() if run_id != "mbridge-2602-gb200-llama3-405b-256gpu") <= 0.17
-    assert dense["mbridge-2602-gb200-llama3-405b-256gpu"] <= 0.30
+    # Llama 3 405B on GB200 (tp4 pp16 vpp4, which NVIDIA ran without recompute): the memory model puts it just over
+    # 186 GiB, so the fill recomputes one layer per virtual stage, -14 ... -16 %. The vpp8 row: 126 layers over 128
+    # chunks put 8 layers on stage 1 and 7 on stage 0; since the fit check sees every stage (it looked only at the
+    # first and last), the memory model puts stage 1 at 207 GiB without recompute, so the fill recomputes every
+    # layer and is 27 % slow — a memory over-estimate the old check hid; that one row gets its own bound.
+    worst_row = "mbridge-2602-gb200-llama3-405b-256gpu"
+    assert max(error for run_id, error in dense.items() if run_id != worst_row) <= 0.20
+    assert dense[worst_row] <= 0.30
+    # Llama 3 70B with FSDP on GB200: NVIDIA offloaded 40 layers' activations to the Grace CPU; so does the fill
     fsdp = predictions["mbridge-2511-gb200-llama3-70b-64gpu"].layout
     assert fsdp is not None and fsdp.recompute == "none" and fsdp.offload_activation_layers is not None
-    # the token-drop twin of the shipped dropless Qwen3-30B-A3B row (same layout, 10,494 tokens/s/GPU): the fill
-    # finds what NVIDIA's 25.09 preset ran (no recompute, distributed optimizer, etp 1); predicted 29 % fast
+    # whole experts (etp 1, Megatron-Bridge's MoE presets) and the distributed optimizer, as the stack documents
     twin = predictions["mbridge-2509-h100-qwen3-30b-a3b-16gpu"]
-    assert twin.layout is not None and twin.layout.recompute == "none" and twin.layout.sharding == "zero1"
-    assert twin.error is not None and abs(twin.error) <= 0.35
-    # DeepSeek-V3 on 1,024 H100 (tp2 ep64 with whole experts, etp 1): -67 % when the experts were split over the TP
-    # pair and the saved expert outputs forced full recompute; -21 % since
+    assert twin.layout is not None and twin.layout.sharding == "zero1" and twin.layout.expert_tp == 1
     deepseek = predictions["mbridge-2509-h100-deepseek-v3-1024gpu"]
-    assert deepseek.layout is not None and deepseek.layout.expert_tp == 1 and deepseek.layout.recompute == "none"
-    assert deepseek.error is not None and abs(deepseek.error) <= 0.25
-    # MoE rows (Qwen3-30B/235B, DeepSeek-V3; dropless except 25.09): a median 17 % off when written, with the
-    # host-bound dropless MoE layer (docs/model.md); 47 % without it.
+    assert deepseek.layout is not None and deepseek.layout.expert_tp == 1
+    assert deepseek.error is not None and abs(deepseek.error) <= 0.40
     moe = [abs(predictions[run.id].error or 0.0) for run in runs if run.model.moe is not None]
     assert len(moe) == 15
-    assert statistics.median(moe) <= 0.20
+    assert statistics.median(moe) <= 0.25
 
 
-def test_llama3_405b_holdout() -> None:
-    # Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100s (430 and 400 TFLOP/s/GPU; not shipped). The run gives tp,
-    # pp, dp and the batch; with the ZeRO-2-style sharding Meta describes (a stack recipe) the fill finds 8 virtual
-    # stages, whose bubble is 1/8 of 1F1B's, at 16K GPUs (within 5 %). At 8K GPUs (16 micro-batches per rank, 141
-    # chunk forwards in flight on stage 1) the memory model puts stage 1, which holds 8 of the 126 layers where
-    # stage 0 holds 7, at 86 GiB of 80: the fit check used to look at the first and last stages only and missed
-    # it. So the fill settles for vpp 4 with one recomputed layer per chunk and is 16 % slow — a memory
-    # over-estimate for interleaved pipelines that this regression guard keeps in view (1.6 % while hidden).
+def test_regression_guard_llama3_405b_holdout() -> None:
+    # A regression guard: Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100s (430 and 400 TFLOP/s/GPU), not in the
+    # shipped file. The run gives tp, pp, dp and the batch; the stack (llama3-meta) gives ZeRO-2-style sharding; plan's
+    # search tries at most 4 virtual stages (Meta's are not published), so the bubble is larger than Meta's.
     catalog = load_catalog()
-    predictions = {run.id: predict_run(run, catalog) for run in load_runs(DATA / "llama3_holdout.yaml")}
-    at_16k = predictions["llama3-405b-16384xh100-8k"]
-    assert at_16k.layout is not None and at_16k.error is not None
-    assert at_16k.layout.vpp == 8 and at_16k.layout.sharding == "zero2" and at_16k.layout.recompute == "none"
-    assert abs(at_16k.error) <= 0.05
-    at_8k = predictions["llama3-405b-8192xh100-8k"]
-    assert at_8k.layout is not None and at_8k.error is not None
-    assert at_8k.layout.vpp < 8 and at_8k.layout.recompute == "full"
-    assert -0.20 <= at_8k.error <= -0.10
-
-
-@pytest.mark.parametrize(("source", "years"), [
-    ("Smith et al. 2022, MT-NLG 530B (arXiv 2201.11990) Sec. 2.4", [2022, 2022]),
-    ("Korthikanti et al. 2022 (MLSys'23), abstract", [2022]),
-    ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", []),
-    ("benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", [2025]),
-    ("NVIDIA-NeMo/Megatron-Bridge docs @067f987d, 25.11 NeMo Container", []),
-])
-def test_cited_years(source: str, years: list[int]) -> None:
-    assert cited_years(source) == years
+    for run in load_runs(DATA / "llama3_holdout.yaml"):
+        prediction = predict_run(run, catalog)
+        assert prediction.layout is not None and prediction.error is not None
+        assert prediction.layout.vpp == 4 and prediction.layout.sharding == "zero2"
+        assert "sharding" not in prediction.filled
+        assert abs(prediction.error) <= 0.20, (run.id, prediction.error)
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +271,8 @@ def test_vtrain_absolute_accuracy(vtrain: tuple[list, list]) -> None:
     _, predictions = vtrain
     summary = summarize(predictions)
     assert summary["all"]["runs"] == 109
-    # Issue 7 target: median |error| <= 10 %. Measured 7.2 % with the node's measured NVLink all-reduce.
+    # Issue 7 target: median |error| <= 10 %. Measured 6.9 % with the node's measured NVLink all-reduce. vTrain's runs
+    # are no fitting set of the recorded fits (they need their own cluster file): out of sample for all four.
     assert summary["all"]["median_abs_error"] <= 0.10
 
 
@@ -365,27 +368,15 @@ def test_torchtitan_pipeline_runs_get_torchtitan_default_micro_batches() -> None
         2 * interleaved.step.parts["bubble"].exposed_s, rel=0.01)
 
 
-def test_stack_recipe_keys_match_whole_words() -> None:
-    run = load_runs()[0]
-    nemotron = run.model_copy(update={"source": "quoted by aiportalx.com/nvidia/nemotron-4-340b"})
-    nemo = run.model_copy(update={"source": "NVIDIA/NeMo docs/source/performance/performance_summary.md"})
-    assert stack_recipe(nemotron) is None
-    recipe = stack_recipe(nemo)
-    assert recipe is not None and recipe.sharding == "zero1"
-
-
-def test_a_run_that_says_eager_gets_eager_elementwise_kernels() -> None:
+def test_a_run_marked_eager_gets_eager_elementwise_kernels() -> None:
     # torchtitan's Dec-2024 tables put "FSDP" (eager) beside "FSDP + torch.compile": same layout, 5,762 against
-    # 6,667 tokens/s on 8 GPUs (1.157x) and 5,605 against 6,514 on 128 (1.162x). Only the rows that say "eager"
-    # in their id or notes lose the fused kernels, and the modelled gap lands within 4 % of the measured one.
+    # 6,667 tokens/s on 8 GPUs (1.157x) and 5,605 against 6,514 on 128 (1.162x). Only the rows whose run file says
+    # `elementwise: eager` lose the fused kernels, and the modelled gap lands within 4 % of the measured one.
     runs = {run.id: run for run in load_runs()}
     eager, compiled = runs["torchtitan-8b-8gpu-fsdp-eager"], runs["torchtitan-8b-8gpu-fsdp-compile"]
-    assert not run_step_options(eager).fused_elementwise and run_step_options(compiled).fused_elementwise
-    assert not run_step_options(compiled.model_copy(update={"notes": "eager PyTorch, no torch.compile"})
-                                ).fused_elementwise
-    assert run_step_options(compiled.model_copy(update={"notes": "eagerly awaited"})).fused_elementwise
-    for negated in ("torch.compile on, not eager", "non-eager", "no eager mode"):
-        assert run_step_options(compiled.model_copy(update={"notes": negated})).fused_elementwise, negated
+    assert eager.elementwise == "eager" and compiled.elementwise == "fused"
+    assert not _options(eager).fused_elementwise and _options(compiled).fused_elementwise
+    assert not _options(compiled.model_copy(update={"elementwise": "eager"})).fused_elementwise
     catalog = load_catalog()
     eager_prediction, compiled_prediction = predict_run(eager, catalog), predict_run(compiled, catalog)
     assert eager_prediction.eager and "eager element-wise" in eager_prediction.note and not compiled_prediction.eager
@@ -394,11 +385,11 @@ def test_a_run_that_says_eager_gets_eager_elementwise_kernels() -> None:
     assert predicted_gap == pytest.approx(6667 / 5762, rel=0.04)
 
 
-def test_nemotron4_340b_holdout() -> None:
-    # Not shipped, nothing fitted: Nemotron-4 340B's own training on 6,144 H100 (report Table 2: batch 2304, 8.0 s per
-    # step; -2.6 % when written) and NVIDIA's DGXC benchmark on 128 H100 (NeMo 24.11: tp8 pp8 vpp12, 4.77 s). The
-    # memory model puts the latter 11 % over 80 GiB without recompute, and at vpp 12 each chunk holds one layer, so
-    # Megatron's block recompute has nothing between none and all: the fill recomputes every layer, -17.6 %.
+def test_regression_guard_nemotron4_340b() -> None:
+    # Not in the shipped file (in-sample for the recorded fits): Nemotron-4 340B's own training on 6,144 H100 (report
+    # Table 2: batch 2304, 8.0 s per step; -3.3 % when written) and NVIDIA's DGXC benchmark on 128 H100 (NeMo 24.11:
+    # tp8 pp8 vpp12, 4.77 s). The memory model puts the latter 11 % over 80 GiB without recompute, and at vpp 12 each
+    # chunk holds one layer, so block recompute has nothing between none and all: the fill recomputes every layer.
     catalog = load_catalog()
     predictions = {run.id: predict_run(run, catalog) for run in load_runs(DATA / "nemotron_holdout.yaml")}
     report = predictions["nemotron4-340b-6144xh100"]
@@ -415,47 +406,46 @@ def _holdout_summary(name: str) -> dict[str, Any]:
     return summarize(predictions)["all"]
 
 
-def test_nemo_2412_holdout() -> None:
-    # Not shipped, nothing fitted: NeMo Framework 24.12's FP8 pre-training table on H100 for the 8 rows whose models
-    # the catalog has (GPT-3 175B, Llama 2 7B/13B/70B, Nemotron-4 340B, Llama 3 8B/70B). When written: median 7.0 %,
-    # worst -19.2 % (Nemotron-4 340B at vpp 12: the memory model wants recompute, and only full is expressible).
+def test_regression_guard_nemo_2412() -> None:
+    # Not in the shipped file (in-sample for the recorded fits): NeMo Framework 24.12's FP8 pre-training table on H100
+    # for the 8 rows whose models the catalog has. When written: median 7.5 %, worst -18.5 % (Nemotron-4 340B at
+    # vpp 12: the memory model wants recompute, and only full is expressible).
     summary = _holdout_summary("nemo_2412_holdout.yaml")
     assert summary["runs"] == 8
     assert summary["median_abs_error"] <= 0.10
     assert summary["worst_abs_error"] <= 0.20
 
 
-def test_nemo_blackwell_holdout() -> None:
-    # Not shipped, nothing fitted: NeMo's FP8 tables for DGX-B200 (25.02 container) and DGX-GB200 (25.04), 12 rows.
-    # When written: median 9.7 %, worst +17.6 %; B200 median 11 %, all but one too fast: 25.02 was early software for
-    # B200 (Llama 3 8B on 8 B200 ran 26,006 tokens/s/GPU there and 30,624 in Megatron-Bridge 25.11, the model's level).
+def test_regression_guard_nemo_blackwell() -> None:
+    # Not in the shipped file, and one of the two sets the Blackwell GEMM fit is fitted on (in-sample): NeMo's FP8
+    # tables for DGX-B200 (25.02 container) and DGX-GB200 (25.04), 12 rows. When written: median 6.8 %, worst 13.7 %
+    # (25.02 was early software for B200: Llama 3 8B on 8 B200 ran 26,006 tokens/s/GPU there, 30,624 in 25.11).
     summary = _holdout_summary("nemo_blackwell_holdout.yaml")
     assert summary["runs"] == 12
     assert summary["median_abs_error"] <= 0.12
     assert summary["worst_abs_error"] <= 0.20
 
 
-def test_automodel_holdout() -> None:
-    # Not shipped, nothing fitted: NeMo AutoModel (PyTorch FSDP2 + Transformer Engine + DeepEP) on H100 in BF16.
-    # A stack the model captures less well; the bounds guard the figures measured when written: DeepSeek-V3 on
-    # 1,024 / 256 H100 -10.7 / -34.5 % (with DeepEP's once-per-node dispatch; -26 / -46 % without), Qwen3-30B-A3B on
-    # 8 -30.8 % (-35.6 % before DeepEP's once-per-GPU dispatch inside the node; the memory model says even full
-    # recompute is 6 GiB over), Llama 3 70B on 64 +13.2 % (+20.8 % while the fill could offload activations to CPU
-    # memory, which FSDP2 stacks cannot).
+def test_regression_guard_automodel() -> None:
+    # Not in the shipped file (in-sample for the recorded fits): NeMo AutoModel (PyTorch FSDP2 + Transformer Engine +
+    # DeepEP) on H100 in BF16, a stack the model captures less well. When written: DeepSeek-V3 on 1,024 / 256 H100
+    # -11.3 / -34.9 % (with DeepEP's once-per-node dispatch), Qwen3-30B-A3B on 8 -35.0 % (the memory model says even
+    # full recompute is 6 GiB over, so it is counted as rejected), Llama 3 70B on 64 +13.7 % (FSDP2 stacks cannot
+    # offload activations to CPU memory, so the fill recomputes 36 of 80 layers).
     catalog = load_catalog()
     runs = load_runs(DATA / "automodel_holdout.yaml")
     errors = {run.id: predict_run(run, catalog).error for run in runs}
     assert all(e is not None for e in errors.values())
     assert abs(errors["automodel-h100-deepseek-v3-1024gpu"] or 0.0) <= 0.15
-    assert abs(errors["automodel-h100-qwen3-30b-a3b-8gpu"] or 0.0) <= 0.32
+    assert abs(errors["automodel-h100-qwen3-30b-a3b-8gpu"] or 0.0) <= 0.40
     assert max(abs(e or 0.0) for e in errors.values()) <= 0.40
-    deepseek = run_step_options(runs[0])
+    deepseek = _options(runs[0])
     assert deepseek.ep_dispatch == "dedup" and deepseek.memory.fp32_params
     # FSDP2 stacks cannot keep activations in CPU memory: the fill never offloads
     llama = predict_run(next(run for run in runs if "llama3-70b" in run.id), catalog)
     assert llama.layout is not None and llama.layout.offload_activation_layers is None
     torchtitan = next(run for run in load_runs() if run.id.startswith("torchtitan"))
-    assert run_step_options(torchtitan).memory.fp32_params  # FSDP2 keeps fp32 parameters as the master
-    assert run_step_options(torchtitan).memory.selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
-    assert run_step_options(torchtitan).loss_bytes_per_logit == 40.0  # PyTorch's cross_entropy on upcast logits
+    assert _options(torchtitan).memory.fp32_params  # FSDP2 keeps fp32 parameters as the master
+    assert _options(torchtitan).memory.selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
+    assert _options(torchtitan).loss_bytes_per_logit == 40.0  # PyTorch's cross_entropy on upcast logits
     assert deepseek.memory.selective_policy == "attention"  # Megatron-style unless a recipe says otherwise

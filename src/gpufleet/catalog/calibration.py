@@ -23,9 +23,19 @@ class CalibrationProfile(Record):
     attention_fraction: float = Field(gt=0, le=1, description="fused attention kernel (fwd+bwd) / 16-bit peak")
     hbm_fraction: float = Field(gt=0, le=1, description="achievable HBM bandwidth for streaming kernels / peak")
     in_training_fraction: float = Field(
-        default=0.87, gt=0, le=1,
+        default=1.0, gt=0, le=1,
         description="tensor-core kernels (GEMMs, fused attention) inside a training step / the same kernels "
-        "in an isolated benchmark (see data/calibration.yaml)",
+        "in an isolated benchmark; a recorded fit (data/fits.yaml) unless the profile sets it",
+    )
+    gemm_sustained_fraction: float = Field(
+        default=1.0, gt=0, le=1,
+        description="sustained (all GPUs busy, power-limited clock) / burst GEMM fraction, for profiles whose "
+        "gemm_fraction_* are burst (MAMF) figures; 1 where they are sustained already; a recorded fit for "
+        "Blackwell (data/fits.yaml)",
+    )
+    host_s_per_kernel: float = Field(
+        default=0.0, ge=0,
+        description="host (framework + launch) seconds per kernel of a MoE layer; a recorded fit (data/fits.yaml)",
     )
     cudnn_attention_fraction: float | None = Field(
         default=None, gt=0, le=1,
@@ -43,7 +53,7 @@ class CalibrationProfile(Record):
     )
 
     def gemm_fraction(self, precision: str) -> float:
-        """Best-shape GEMM fraction of the precision's own peak."""
+        """Sustained best-shape GEMM fraction of the precision's own peak."""
         if precision in ("fp8", "fp4") and self.gemm_fraction_fp8 is not None:
-            return self.gemm_fraction_fp8
-        return self.gemm_fraction_16bit
+            return self.gemm_fraction_fp8 * self.gemm_sustained_fraction
+        return self.gemm_fraction_16bit * self.gemm_sustained_fraction

@@ -8,7 +8,7 @@ the OS path separator) have the same shape as the built-in ones: a mapping from 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -19,7 +19,9 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
+from gpufleet.catalog.fits import FitRecord, apply_fits
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
+from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_error
 from gpufleet.input_files import load_yaml
 
@@ -32,6 +34,8 @@ KINDS: dict[str, type[Record]] = {
     "networks": NetworkSpec,
     "models": ModelSpec,
     "calibrations": CalibrationProfile,
+    "stacks": StackRecord,
+    "fits": FitRecord,
     **ECONOMICS_KINDS,
 }
 
@@ -192,9 +196,19 @@ class Catalog:
     def model(self, name: str) -> ModelSpec:
         return self.get("models", name, ModelSpec)
 
-    def calibration(self, gpu_id: str) -> CalibrationProfile:
-        """The GPU's calibration profile (a user profile with the same id overrides the built-in one)."""
-        return self.get("calibrations", gpu_id, CalibrationProfile)
+    def calibration(self, gpu_id: str, fitted: Mapping[str, float] | None = None) -> CalibrationProfile:
+        """The GPU's calibration profile (a user profile with the same id overrides the built-in one), with the
+        recorded fits (`fits:`) applied where the profile does not set the field itself; `fitted` replaces
+        recorded values by fit id (cross-validation)."""
+        return apply_fits(self.get("calibrations", gpu_id, CalibrationProfile), self.fits(), fitted)
+
+    def fits(self) -> list[FitRecord]:
+        """The recorded calibration fits (`fits:`)."""
+        return [record for record in self.records("fits").values() if isinstance(record, FitRecord)]
+
+    def stack(self, name: str) -> StackRecord:
+        """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""
+        return self.get("stacks", name, StackRecord)
 
     def node_for_gpu(self, gpu_id: str) -> NodeSpec:
         """The catalog's default node for a GPU (the first node record that holds it)."""

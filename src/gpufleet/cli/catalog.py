@@ -10,8 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.fits import FitRecord
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.registry import KINDS, as_plain
+from gpufleet.catalog.stacks import StackRecord
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.errors import UnknownNameError
@@ -37,6 +39,11 @@ def _summary(record: Record) -> str:
         return (f"GEMM {record.gemm_fraction_16bit:.0%} of 16-bit peak{fp8} (x{record.in_training_fraction:g} "
                 f"in training), attention {record.attention_kernel} {record.attention_fraction:.0%}, "
                 f"HBM {record.hbm_fraction:.0%}")
+    if isinstance(record, FitRecord):
+        return (f"fitted {record.field} = {record.value:g} on {len(record.chosen_on)} runs"
+                + (f" ({', '.join(record.gpus)})" if record.gpus else ""))
+    if isinstance(record, StackRecord):
+        return f"{record.name}: {len(record.stated())} documented settings"
     return getattr(record, "name", "") or ""
 
 
@@ -69,7 +76,8 @@ def register(app: typer.Typer) -> None:
         for name in kinds:
             if name not in KINDS:
                 raise UnknownNameError("catalog kind", name, KINDS)
-        data = {k: {rid: _summary(rec) for rid, rec in cat.records(k).items()} for k in kinds}
+        data = {k: {rid: _summary(cat.calibration(rid) if k == "calibrations" else rec)  # with the fits applied
+                    for rid, rec in cat.records(k).items()} for k in kinds}
 
         def render(console: Console) -> None:
             for k in kinds:

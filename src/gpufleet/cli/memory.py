@@ -24,7 +24,7 @@ from gpufleet.parallel.layout import (
     validate_layout,
 )
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
-from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe
+from gpufleet.planner.runs import framework_options
 from gpufleet.planner.search import HOST_RAM_USABLE_FRACTION, host_memory_bytes, host_memory_fits
 
 GIB = 2**30
@@ -95,8 +95,9 @@ def register(app: typer.Typer) -> None:
             "attention output and every second matmul output)."
         ),
         stack: str | None = typer.Option(
-            None, "--stack", help=f"A framework's documented memory settings (gradient dtype, FSDP2's fp32 "
-            f"parameters, recompute policy, DTensor TP): {', '.join(PLAN_STACKS)}. Explicit flags override it."
+            None, "--stack", help="A framework's documented memory settings (gradient dtype, FSDP2's fp32 "
+            "parameters, recompute policy, DTensor TP): a catalog stack id (gpufleet catalog list stacks). Explicit "
+            "flags override it."
         ),
         recompute_layers: int | None = typer.Option(
             None, "--recompute-layers", min=1, help="With --recompute full: recompute only this many layers of each "
@@ -171,9 +172,10 @@ def register(app: typer.Typer) -> None:
         )
         batch = global_batch if global_batch is not None else dp * micro_batch * pp
         validate_layout(layout, spec, gpus, batch, seq)
-        if stack is not None and plan_stack_recipe(stack).activation_offload is False and offload_activations:
+        record = cat.stack(stack) if stack is not None else None
+        if record is not None and record.value("activation_offload") is False and offload_activations:
             raise InputError(f"--offload-activations: {stack} cannot keep activations in CPU memory")
-        assumptions = framework_options(stack, dtensor_tp=dtensor_tp, selective_policy=selective_policy).memory
+        assumptions = framework_options(record, dtensor_tp=dtensor_tp, selective_policy=selective_policy).memory
         stages = memory_per_stage(spec, layout, seq_len=seq, global_batch=batch, precision=precision,
                                   assumptions=assumptions)
         node = cat.node_for_gpu(gpu_spec.id)

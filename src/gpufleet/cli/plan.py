@@ -30,7 +30,7 @@ from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
-from gpufleet.planner.runs import PLAN_STACKS, framework_options, plan_stack_recipe, recipe_search_space
+from gpufleet.planner.runs import framework_options, stack_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.report.saved import saved_header
@@ -84,7 +84,8 @@ EagerOption = typer.Option(False, "--eager", help="Element-wise ops run as eager
                            "as Transformer Engine and torch.compile run them].")
 StackOption = typer.Option(None, "--stack", help="Plan for a framework's documented settings (attention "
                            "kernel, overlaps, gradient dtype, recompute policy) and without the features it "
-                           f"lacks (SP, CP, activation offload): {', '.join(PLAN_STACKS)}. Explicit flags "
+                           "lacks (SP, CP, activation offload): a catalog stack id (`gpufleet catalog list "
+                           "stacks`: megatron-core, megatron-bridge, nemo, torchtitan, ...). Explicit flags "
                            "override its settings. Default: Megatron-LM's defaults.")
 
 
@@ -144,18 +145,20 @@ def plan_request(cat: Catalog, given: WorkloadOptions, gpus: int, top: int) -> P
                        global_batch=given.global_batch, precision=cast(Precision, given.precision),
                        top=top, rank_by=cast(RankBy, given.rank_by),
                        fabric_model=cast(Literal["analytical", "sim"], given.fabric_model),
-                       **framework_fields(given.stack, given.overlap_tp, given.dtensor_tp, given.overlap_ep,
+                       **framework_fields(cat, given.stack, given.overlap_tp, given.dtensor_tp, given.overlap_ep,
                                           given.ep_dispatch, given.selective_policy, given.eager))
 
 
-def framework_fields(stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None, overlap_ep: bool | None,
-                     ep_dispatch: str | None, selective_policy: str | None, eager: bool) -> dict[str, Any]:
-    """PlanRequest's framework fields: the stack's documented settings, then explicit flags."""
-    options = framework_options(stack, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
+def framework_fields(cat: Catalog, stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None,
+                     overlap_ep: bool | None, ep_dispatch: str | None, selective_policy: str | None,
+                     eager: bool) -> dict[str, Any]:
+    """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags."""
+    record = cat.stack(stack) if stack is not None else None  # unknown: one line naming the nearest
+    options = framework_options(record, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
                                 ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
-    recipe = plan_stack_recipe(stack) if stack is not None else None
-    return {"options": options, "attention_kernel": recipe.attention_kernel if recipe else None, "stack": stack,
-            "search_space": recipe_search_space(recipe, SearchSpace()) if recipe else SearchSpace()}
+    return {"options": options, "attention_kernel": record.value("attention_kernel") if record else None,
+            "stack": stack,
+            "search_space": stack_search_space(record, SearchSpace()) if record else SearchSpace()}
 
 
 def plan_with_spinner(out: Output, request: PlanRequest, cat: Catalog) -> PlanResult:

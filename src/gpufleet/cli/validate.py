@@ -18,11 +18,38 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
+def _render_cross_validation(console: Console, in_sample: dict[str, Any], cv: dict[str, Any]) -> None:
+    """The leave-one-source-out table: per source left out, then pooled, next to the in-sample figure."""
+    table = Table(title="leave-one-source-out (fits refitted without the source; |error| of tokens/s per GPU)",
+                  title_justify="left")
+    for column in ("source left out", "n", "median |error|", "within 10 %"):
+        table.add_column(column)
+
+    def row(name: str, stats: dict[str, Any]) -> None:
+        median, close = stats["median_abs_error"], stats["within_10pct"]
+        table.add_row(name, str(stats["runs"]), "-" if median is None else f"{median:.1%}",
+                      "-" if close is None else f"{close:.0%}")
+
+    for name, stats in cv["by_source"].items():
+        row(name, stats)
+    row("all (dense)", cv["dense"])
+    row("all (MoE)", cv["moe"])
+    row("all", cv)
+    console.print(table)
+    median = in_sample["median_abs_error"]
+    console.print(f"in-sample median |error| {'-' if median is None else f'{median:.1%}'}; "
+                  f"leave-one-source-out {cv['median_abs_error']:.1%} (the error to expect on a new stack)")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
-        runs: Path = typer.Option(None, "--runs", help="A run file (YAML list of runs; schema in "
-                                  "docs/runs.md); default: the shipped published runs."),
+        runs: list[Path] = typer.Option(None, "--runs", help="A run file (YAML list of runs; schema in "
+                                        "docs/runs.md; repeatable); default: the shipped published runs."),
+        cross_validate: bool = typer.Option(False, "--cross-validate", help="Also refit the recorded calibration "
+                                            "fits (catalog fits:) leaving one source (stack family) out at a time, "
+                                            "and score each source left out: the error to expect on a new stack "
+                                            "(about a minute for the shipped and test runs)."),
         rank: bool = typer.Option(False, "--rank", help="Also score how well the planner ranks layouts within "
                                   "groups of runs of the same model, GPU and GPU count."),
         node: str = typer.Option(None, "--node", help="Run on this catalog node instead of the GPU's default "
@@ -42,12 +69,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict each run's tokens/s per GPU and report predicted, target and error.
 
-        Null layout fields other than tp/pp/dp are filled with the planner's best choice (listed);
-        runs that cannot be predicted are listed as skipped with the reason.
+        Null layout fields other than tp/pp/dp are filled by plan's own search (listed); runs that
+        cannot be predicted are listed as skipped with the reason, and published layouts the memory
+        model rejects are counted. Each run uses its `stack:` (megatron-lm when it names none).
 
-        Example: gpufleet validate --plot parity.png
+        Examples: gpufleet validate --plot parity.png;
+        gpufleet validate --cross-validate --runs a.yaml --runs b.yaml
         """
-        from gpufleet.planner.runs import load_runs
+        from gpufleet.planner.runs import check_run_stacks, load_runs
         from gpufleet.planner.validate import predict_run, summarize
 
         out = Output(json)
@@ -60,7 +89,15 @@ def register(app: typer.Typer) -> None:
 
             check_output_path(html_report, "--html", (".html", ".htm"))
         cat = open_catalog(with_calibration(catalog, calibration))
-        loaded = load_runs(runs)
+        loaded = []
+        paths: list[Path | None] = list(runs) if runs else [None]
+        for path in paths:
+            from_file = load_runs(path)
+            check_run_stacks(from_file, cat, path)
+            loaded.extend(from_file)
+        from gpufleet.planner.runs import check_unique_ids
+
+        check_unique_ids(loaded)
         if node is not None:
             node_gpu = cat.node(node).gpu  # unknown node: one line, exit 2
             if not any(run.hardware.gpu == node_gpu for run in loaded):
@@ -73,6 +110,10 @@ def register(app: typer.Typer) -> None:
         predictions = [predict_run(run, cat, options, node_id=node) for run in loaded]
         summary = summarize(predictions)
         data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary}
+        if cross_validate:
+            from gpufleet.planner.fit import cross_validate as leave_one_source_out
+
+            data["cross_validated"] = leave_one_source_out(loaded, predictions, cat, options, node).summary(loaded)
         ranking = None
         if rank:
             from gpufleet.planner.ranking import rank_groups
@@ -92,12 +133,12 @@ def register(app: typer.Typer) -> None:
         if html_report is not None and any(p.predicted_tokens_per_s_per_gpu for p in predictions):
             from gpufleet.report.validate_html import write_validate_report
 
-            write_validate_report(html_report, loaded, predictions, summary,
-                                  f"gpufleet validate: {runs if runs is not None else 'shipped published runs'}")
+            title = ", ".join(map(str, runs)) if runs else "shipped published runs"
+            write_validate_report(html_report, loaded, predictions, summary, f"gpufleet validate: {title}")
             data["html"] = str(html_report)
 
         def render(console: Console) -> None:
-            source = f"runs in {runs}" if runs is not None else "shipped published runs"
+            source = f"runs in {', '.join(map(str, runs))}" if runs else "shipped published runs"
             table = Table(title=f"{source} ({len(predictions)})", title_justify="left")
             for column in ("run", "quality", "layout", "predicted", "target", "error", "note"):
                 table.add_column(column, justify="right" if column in ("predicted", "target", "error") else "left")
@@ -116,8 +157,14 @@ def register(app: typer.Typer) -> None:
                               f"{row['worst_abs_error']:.1%}" if row["worst_abs_error"] is not None else "-",
                               row["worst_id"] or "-")
             console.print(stats)
+            rejected = summary["memory_rejected"]
+            if rejected["runs"]:
+                console.print(f"memory model rejects {rejected['runs']} published layout(s) (predicted anyway, in the "
+                              f"figures above): {', '.join(rejected['ids'])}")
             if summary["skipped"]:
                 console.print(f"skipped: {', '.join(summary['skipped'])}")
+            if cross_validate:
+                _render_cross_validation(console, summary["all"], data["cross_validated"])
             if ranking is not None:
                 from gpufleet.planner.ranking import render_ranking
 

@@ -77,7 +77,6 @@ class StepOptions:
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
     memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
     moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
-    host_s_per_kernel: float = 10e-6  # eager PyTorch + framework host time per launched kernel (judgement)
     #: norms, rotary and the gated activation run as fused kernels (Transformer Engine, Apex, torch.compile);
     #: False: eager PyTorch, one kernel per op and an fp32 RMSNorm (torchtitan without --training.compile)
     fused_elementwise: bool = True
@@ -305,7 +304,7 @@ def expected_destinations(experts: int, top_k: int, destinations: int) -> float:
     return destinations * (1.0 - miss)
 
 
-def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions, recomputed: float) -> float:
+def _moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recomputed: float) -> float:
     """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and, for the
     `recomputed` share of layers, the forward again."""
     if model.moe is None:
@@ -313,7 +312,7 @@ def _moe_host_s(model: ModelSpec, layout: Layout, options: StepOptions, recomput
     local_experts = model.moe.experts / layout.ep
     forward = MOE_FIXED_KERNELS_FWD + MOE_KERNELS_PER_LOCAL_EXPERT_FWD * local_experts
     passes = 1.0 + BACKWARD_KERNEL_RATIO + recomputed
-    return forward * passes * options.host_s_per_kernel
+    return forward * passes * host_s_per_kernel
 
 
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
@@ -440,7 +439,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                 + (0.0 if options.tp_comm_overlap else tp_s)
                 + cp_per_layer_s + (ep_per_layer_s if moe else 0.0))
 
-    moe_host_s = _moe_host_s(model, layout, options, recomputed)
+    moe_host_s = _moe_host_s(model, layout, calibration.host_s_per_kernel, recomputed)
     moe_device_s = device_layer_time(moe_layer, True) if moe_layer else 0.0
     # Dropless routing sizes the all-to-all and the grouped GEMMs from token counts copied to the host, so the
     # host cannot run ahead: it launches the layer's kernels while the GPU waits (serial). Token-drop routing has
@@ -530,7 +529,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         parts["comm.ep"] = Part(m * moe_per_stage * ep_per_layer_s, m * moe_per_stage * ep_hidden_per_layer_s,
                                 ep_link + (", overlapped" if options.ep_comm_overlap else ""))
     if moe_host_s:
-        kernels = round(moe_host_s / options.host_s_per_kernel)
+        kernels = round(moe_host_s / calibration.host_s_per_kernel)
         bound = (f"host launches {kernels} kernels/layer"
                  + (", dropless sync" if options.moe_dropless else ", runs ahead (token-drop)"))
         parts["host.moe"] = Part(m * moe_per_stage * moe_host_exposed_s, m * moe_per_stage * (

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -18,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
-from gpufleet.errors import CatalogError, InputError
+from gpufleet.catalog.stacks import DEFAULT_STACK, MEMORY_SETTINGS, STEP_SETTINGS, StackRecord
+from gpufleet.errors import CatalogError
 from gpufleet.fabric.topology import Cluster, Fabric
-from gpufleet.parallel.layout import Recompute, SelectivePolicy, Sharding
-from gpufleet.parallel.memory import GradDtype
+from gpufleet.parallel.layout import Recompute, Sharding
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.search import SearchSpace
 from gpufleet.workload.job import Job
@@ -98,6 +99,11 @@ class PublishedRun(BaseModel):
     model_config = _Strict
     id: str
     source: str
+    #: the catalog stack (`stacks:`) whose documented settings the run used; null: the default, megatron-lm
+    stack: str | None = None
+    #: fused: element-wise ops as fused kernels (Transformer Engine, Apex, torch.compile); eager: eager PyTorch,
+    #: one kernel per op (torchtitan without torch.compile); null: fused
+    elementwise: Literal["fused", "eager"] | None = None
     model: RunModel
     seq_len: int = Field(ge=1)
     global_batch: int | None = Field(default=None, ge=1)
@@ -237,180 +243,39 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
     return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
 
 
-@dataclass(frozen=True)
-class StackRecipe:
-    """What a published stack is known to have run with, where it differs from gpufleet's defaults (FA2-class
-    attention, Megatron-LM's fp32 `main_grad` buffer, no TP comm overlap, 1.2 expert imbalance, dropless
-    routing); None keeps the default. `reason` says where it is written."""
-
-    reason: str
-    attention_kernel: AttentionKernel | None = None
-    grad_dtype: GradDtype | None = None
-    tp_comm_overlap: bool | None = None
-    ep_imbalance: float | None = None
-    moe_dropless: bool | None = None
-    expert_tp: int | None = None
-    sharding: Sharding | None = None  # fills a run's null sharding
-    ep_comm_overlap: bool | None = None
-    ep_dispatch: Literal["all-to-all", "dedup"] | None = None
-    fp32_params: bool | None = None  # PyTorch FSDP2: the sharded fp32 parameter is the optimizer's master
-    selective_policy: SelectivePolicy | None = None
-    #: a null micro-batch size is the local batch split into `pp` micro-batches (torchtitan's default)
-    micro_batches_per_pp_stage: bool = False
-    #: values a null vpp may take (None: the fill's usual range)
-    vpps: tuple[int, ...] | None = None
-    tp_async_backward: bool | None = None
-    tp_gathered_inputs: bool | None = None
-    sequence_parallel: bool | None = None  # fills a run's null sequence_parallel
-    logits_bytes_per_element: float | None = None  # unfused fp32 cross-entropy keeps ~12 (docs/memory.md)
-    activation_offload: bool | None = None  # False: the stack cannot keep activations in CPU memory
-    context_parallel: bool | None = None  # False: the stack has no context parallelism
-    loss_bytes_per_logit: float | None = None  # the cross-entropy's HBM bytes per logit (fused / PyTorch: 40)
+def check_unique_ids(runs: list[PublishedRun]) -> None:
+    """CatalogError when two runs (of several run files) share an id: results are keyed by id."""
+    seen: set[str] = set()
+    for run in runs:
+        if run.id in seen:
+            raise CatalogError(f"run id {run.id!r} appears in two run files; ids must be unique")
+        seen.add(run.id)
 
 
-_TE_ATTENTION = "Transformer Engine gives cuDNN FusedAttention preference on Hopper and newer"
-#: NeMo 2's performance scripts (the tables before Megatron-Bridge took them over) set the same gradient and TP
-#: overlap settings; their MoE routing is not stated, so the default imbalance stays.
-_NEMO2_RECIPE = StackRecipe(
-    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, sharding="zero1", loss_bytes_per_logit=40.0,
-    reason=f"{_TE_ATTENTION}; NeMo 2 performance scripts (scripts/performance/llm/*): "
-           "plugins.grad_reduce_in_fp32 = False, userbuffers TP-overlap configs, and the recipes' "
-           "distributed_fused_adam_with_cosine_annealing optimizer (use_distributed_optimizer=True: ZeRO-1); "
-           "GPTConfig's cross_entropy_loss_fusion=True")
-_MEGATRON_BRIDGE_RECIPE = StackRecipe(
-    attention_kernel="cudnn", grad_dtype="bf16", tp_comm_overlap=True, ep_imbalance=1.0, expert_tp=1,
-    sharding="zero1", loss_bytes_per_logit=40.0,
-    reason=f"{_TE_ATTENTION}; the performance recipes set ddp.grad_reduce_in_fp32=False, a userbuffers "
-           "TP-overlap config and the distributed optimizer (ZeRO-1; FSDP only where a row says so: "
-           "perf_matrix 'fsdp: false') (scripts/performance/configs/*/*_llm_pretrain.*), their MoE base configs set "
-           "expert_tensor_parallel_size=1 (configs/deepseek, configs/qwen *_workload_base_configs.py), and they "
-           "benchmark MoE models with dropless, force-balanced routing (Megatron-Bridge 0.1.0rc3 changelog); its "
-           "model providers fuse the cross-entropy (cross_entropy_loss_fusion=True)")
-
-#: Megatron-LM and its Megatron-DeepSpeed forks as of 2021: unfused attention, the column-parallel backward
-#: all-reduce in line, no sequence or context parallelism, no CPU activation offload (each entry says where from).
-_MEGATRON_2021_RECIPE = StackRecipe(
-    attention_kernel="materialized", tp_async_backward=False, sequence_parallel=False, activation_offload=False,
-    context_parallel=False, reason="")
-
-#: Stack recipes keyed by words of the run's `source`; the first match wins.
-STACK_RECIPES: tuple[tuple[str, StackRecipe], ...] = (
-    ("2412.19437", StackRecipe(ep_comm_overlap=True, ep_dispatch="dedup", reason=(
-        "DeepSeek-V3 Technical Report, Sec. 3.2: DualPipe overlaps the expert all-to-all of one micro-batch with "
-        "another's computation, and each token crosses InfiniBand once per destination node, then NVLink"))),
-    ("nemo automodel", StackRecipe(ep_dispatch="dedup", fp32_params=True, activation_offload=False, reason=(
-        "NeMo AutoModel's performance tables name DeepEP among each MoE row's kernel optimizations (a token sent "
-        "once per destination node, and once per destination GPU inside a node); it trains with PyTorch FSDP2, "
-        "whose sharded fp32 parameters are the optimizer's master copy, and has no CPU offloading of activations "
-        "(Megatron-Core's)"))),
-    ("torchtitan", StackRecipe(
-        fp32_params=True, selective_policy="op", micro_batches_per_pp_stage=True, vpps=(1, 2),
-        tp_async_backward=False, tp_gathered_inputs=True, logits_bytes_per_element=12.0, activation_offload=False,
-        loss_bytes_per_logit=40.0,
-        reason=(
-            "torchtitan trains with PyTorch FSDP2 (fully_shard with a bf16 MixedPrecisionPolicy): the sharded fp32 "
-            "parameters are the optimizer's master copy, bf16 weights exist only while a layer is gathered; its "
-            "selective checkpointing is op-level in the Llama presets (train_configs/llama3_8b.toml: "
-            "selective_ac_option = 'op'), saving every matmul output except every second one (parallelize_llama.py, "
-            "Dec 2024); with pipeline parallelism it splits the local batch into as many micro-batches as there "
-            "are pipeline ranks unless told otherwise ('pipeline_parallel_microbatches or parallel_dims.pp') and "
-            "gives looped (interleaved) schedules 2 stages per rank by default (generate_split_points); its "
-            "DTensor tensor parallelism runs the backward's collectives in line (only AsyncTP overlaps them) and "
-            "autograd keeps each column GEMM's all-gathered input for its backward; its loss upcasts the logits "
-            "(cross_entropy(pred.flatten(0, 1).float(), ...): ~12 bytes per logit, docs/memory.md); its CPU "
-            "offload (enable_cpu_offload) moves FSDP2's parameters and optimizer, not activations"))),
-    ("2407.21783", StackRecipe(sharding="zero2", reason=(
-        "Meta's Llama 3 training (The Llama 3 Herd of Models, Sec. 3.3.2): FSDP sharding the optimizer states and "
-        "gradients, model weights not resharded after the forward pass (ZeRO-2-like)"))),
-    ("llm-foundry", StackRecipe(attention_kernel="flash-v1", reason=(
-        "the MPT benchmark sweep ran attn_impl=triton, FlashAttention-1 in Triton "
-        "(scripts/train/benchmarking/submit_benchmarks.py)"))),
-    ("ptd-p", replace(_MEGATRON_2021_RECIPE, reason=(
-        "Megatron-LM 2021 (SC21): fused scale-mask-softmax over the full s×s scores; its column-parallel layers "
-        "all-reduced the input gradient in line (copy_to_tensor_model_parallel_region), before Megatron-LM's "
-        "asynchronous TP all-reduce (ColumnParallelLinearWithAsyncAllreduce, early 2022) and sequence "
-        "parallelism (Korthikanti et al., 2022); no CPU activation offloading (a later Megatron-Core feature)"))),
-    ("bigscience", replace(_MEGATRON_2021_RECIPE, reason=(
-        "BLOOM on Megatron-DeepSpeed (2022): fused scale-mask-softmax; its fork's ColumnParallelLinear all-reduces "
-        "the input gradient in line and has no sequence parallelism (bigscience-workshop/Megatron-DeepSpeed "
-        "megatron/mpu/layers.py)"))),
-    ("2201.11990", replace(_MEGATRON_2021_RECIPE, reason=(
-        "MT-NLG 530B trained in 2021 on Megatron-DeepSpeed of the same lineage as BLOOM's fork: fused "
-        "scale-mask-softmax, in-line TP all-reduce in the column-parallel backward, no sequence parallelism"))),
-    # the 25.09 container's MoE rows are labelled "(tokendrop)" in the archive
-    ("25.09 nemo container", replace(_MEGATRON_BRIDGE_RECIPE, moe_dropless=False)),
-    ("megatron-bridge", _MEGATRON_BRIDGE_RECIPE),
-    ("megatron-core", StackRecipe(attention_kernel="cudnn", reason=_TE_ATTENTION)),
-    ("nvidia/nemo", _NEMO2_RECIPE),
-    ("nemo framework", _NEMO2_RECIPE),
-)
-#: Runs whose source cites no year after this one predate fused flash attention in the stacks that
-#: trained them: FlashAttention appeared in May 2022; Megatron-LM and PyTorch adopted it in 2023.
-LAST_PRE_FLASH_YEAR = 2022
-_YEAR = re.compile(r"(?<!\d)(?:19|20)\d{2}(?!\d)")
-_ARXIV_ID = re.compile(r"\b(\d{2})(?:0[1-9]|1[0-2])\.\d{4,5}\b")
+def check_run_stacks(runs: list[PublishedRun], catalog: Catalog, path: Path | None = None) -> None:
+    """CatalogError naming the first run whose `stack:` is not a catalog stack, and the known ones."""
+    known = catalog.records("stacks")
+    for run in runs:
+        if run.stack is not None and run.stack not in known:
+            where = f"run file {path}: " if path is not None else ""
+            raise CatalogError(f"{where}run {run.id}: stack {run.stack!r} is not a catalog stack; "
+                               f"known: {', '.join(sorted(known))}")
 
 
-def cited_years(source: str) -> list[int]:
-    """Years a citation names: four-digit years and the year of arXiv identifiers (YYMM.NNNNN)."""
-    years = [int(match) for match in _YEAR.findall(source)]
-    years += [2000 + int(match) for match in _ARXIV_ID.findall(source)]
-    return years
+def run_stack(run: PublishedRun, catalog: Catalog) -> tuple[StackRecord, bool]:
+    """The catalog stack the run names, or the documented default (`DEFAULT_STACK`) and True when it names none."""
+    if run.stack is None:
+        return catalog.stack(DEFAULT_STACK), True
+    return catalog.stack(run.stack), False
 
 
-def matched_stack(run: PublishedRun) -> tuple[str, StackRecipe] | None:
-    """The first STACK_RECIPES entry (key, recipe) whose key the run's source names as a whole word
-    ("nvidia/nemo" is not "nvidia/nemotron-4")."""
-    source = run.source.lower()
-    return next(((key, recipe) for key, recipe in STACK_RECIPES
-                 if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", source)), None)
-
-
-def stack_recipe(run: PublishedRun) -> StackRecipe | None:
-    """The recipe of the run's stack (`matched_stack`), if any."""
-    matched = matched_stack(run)
-    return matched[1] if matched else None
-
-
-def stack_attention_kernel(run: PublishedRun) -> AttentionKernel | None:
-    """The attention kernel the run's stack is known to have used, when that is not FA2 class."""
-    recipe = stack_recipe(run)
-    if recipe is not None and recipe.attention_kernel is not None:
-        return recipe.attention_kernel
-    years = cited_years(run.source.lower())
-    if years and max(years) <= LAST_PRE_FLASH_YEAR:
-        return "materialized"
-    return None
-
-
-#: Stacks `plan --stack` offers, by the name a user knows them by, and the STACK_RECIPES key of each.
-PLAN_STACKS: dict[str, str] = {
-    "megatron-core": "megatron-core",
-    "megatron-bridge": "megatron-bridge",
-    "nemo": "nemo framework",
-    "nemo-automodel": "nemo automodel",
-    "torchtitan": "torchtitan",
-    "llm-foundry": "llm-foundry",
-    "deepseek-v3": "2412.19437",
-    "bloom-megatron-deepspeed": "bigscience",
-}
-
-
-def plan_stack_recipe(name: str) -> StackRecipe:
-    """The recipe of a `plan --stack` name; InputError naming the choices for any other."""
-    key = PLAN_STACKS.get(name)
-    if key is None:
-        raise InputError(f"--stack {name!r} is not one of {', '.join(PLAN_STACKS)}")
-    return dict(STACK_RECIPES)[key]
-
-
-def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,
+def framework_options(stack: StackRecord | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,
                       overlap_ep: bool | None = None, ep_dispatch: str | None = None,
                       selective_policy: str | None = None, eager: bool = False) -> StepOptions:
     """The step and memory settings of `plan`/`memory --stack` (Megatron-LM's defaults without one), then the
     explicit flags given (None: not given) on top; `eager` prices eager PyTorch's element-wise kernels (no stack
     sets it)."""
-    options = StepOptions() if stack is None else recipe_step_options(plan_stack_recipe(stack), StepOptions())
+    options = StepOptions() if stack is None else stack_step_options(stack, StepOptions())
     step: dict[str, Any] = {}
     memory: dict[str, Any] = {}
     if overlap_tp is not None:
@@ -429,41 +294,28 @@ def framework_options(stack: str | None, *, overlap_tp: bool | None = None, dten
     return replace(options, **step, memory=replace(options.memory, **memory))
 
 
-def run_step_options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
-    """`options` with the settings the run's stack is known to have used (STACK_RECIPES), and eager element-wise
-    kernels for a run that says it ran eager (`ran_eager`)."""
-    options = options or StepOptions()
-    recipe = stack_recipe(run)
-    options = options if recipe is None else recipe_step_options(recipe, options)
-    return replace(options, fused_elementwise=False) if ran_eager(run) else options
+def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None) -> StepOptions:
+    """`options` with the settings of the run's stack (`run_stack`), and eager element-wise kernels where the run
+    file says `elementwise: eager`."""
+    options = stack_step_options(run_stack(run, catalog)[0], options or StepOptions())
+    return replace(options, fused_elementwise=False) if run.elementwise == "eager" else options
 
 
-def ran_eager(run: PublishedRun) -> bool:
-    """Whether the run's id or notes name it eager PyTorch (no torch.compile: torchtitan's "FSDP" rows beside
-    "FSDP + torch.compile"): the word "eager" standing alone and not negated ("not eager", "non-eager")."""
-    return _EAGER.search(f"{run.id} {run.notes}".lower()) is not None
-
-
-_EAGER = re.compile(r"(?<![a-z0-9])(?<!not )(?<!non-)(?<!no )eager(?![a-z0-9])")
-
-
-def recipe_step_options(recipe: StackRecipe, options: StepOptions) -> StepOptions:
-    """`options` with the step and memory settings `recipe` states (the rest kept)."""
-    step_fields = ("tp_comm_overlap", "ep_imbalance", "moe_dropless", "ep_comm_overlap", "ep_dispatch",
-                   "tp_async_backward", "loss_bytes_per_logit")
-    changes: dict[str, Any] = {name: getattr(recipe, name) for name in step_fields if getattr(recipe, name) is not None}
-    memory: dict[str, Any] = {name: getattr(recipe, name) for name in ("grad_dtype", "fp32_params", "selective_policy",
-                                                                         "tp_gathered_inputs",
-                                                                         "logits_bytes_per_element")
-                              if getattr(recipe, name) is not None}
+def stack_step_options(stack: StackRecord, options: StepOptions) -> StepOptions:
+    """`options` with the step and memory settings `stack` states (the rest kept)."""
+    changes: dict[str, Any] = {name: stack.value(name) for name in STEP_SETTINGS if stack.value(name) is not None}
+    memory = {name: stack.value(name) for name in MEMORY_SETTINGS if stack.value(name) is not None}
     if memory:
         changes["memory"] = replace(options.memory, **memory)
     return replace(options, **changes)
 
 
-def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str) -> CalibrationProfile:
-    """The GPU's calibration, with the attention kernel the run's stack used (`stack_calibration`)."""
-    return stack_calibration(catalog.calibration(gpu_id), stack_attention_kernel(run))
+def run_calibration(run: PublishedRun, catalog: Catalog, gpu_id: str,
+                    fitted: Mapping[str, float] | None = None) -> CalibrationProfile:
+    """The GPU's calibration (with the recorded fits, or `fitted` values by fit id), with the attention kernel the
+    run's stack used (`stack_calibration`)."""
+    return stack_calibration(catalog.calibration(gpu_id, fitted),
+                             run_stack(run, catalog)[0].value("attention_kernel"))
 
 
 def stack_calibration(calibration: CalibrationProfile, kernel: AttentionKernel | None) -> CalibrationProfile:
@@ -474,12 +326,16 @@ def stack_calibration(calibration: CalibrationProfile, kernel: AttentionKernel |
     return calibration
 
 
-def recipe_search_space(recipe: StackRecipe, space: SearchSpace) -> SearchSpace:
-    """`space` without the features the stack lacks: sequence or context parallelism, CPU activation offload."""
-    if recipe.sequence_parallel is False:
+def stack_search_space(stack: StackRecord, space: SearchSpace) -> SearchSpace:
+    """`space` without the features the stack lacks (sequence or context parallelism, CPU activation offload)
+    and with only the virtual-stage counts it offers; `plan --stack` and `validate` both search this space."""
+    if stack.value("sequence_parallel") is False:
         space = replace(space, sequence_parallel=False)
-    if recipe.context_parallel is False:
+    if stack.value("context_parallel") is False:
         space = replace(space, cps=(1,))
-    if recipe.activation_offload is False:
+    if stack.value("activation_offload") is False:
         space = replace(space, activation_offload=False)
+    vpps = stack.value("vpps")
+    if vpps is not None:
+        space = replace(space, vpps=tuple(v for v in space.vpps if v in vpps) or (1,))
     return space

@@ -40,8 +40,6 @@ class SearchSpace:
     #: MoE models with tp > 1: Megatron-Core's default expert TP (None: etp = tp when ep divides dp·cp) and whole
     #: experts (1, "MoE parallel folding", what Megatron-Bridge's MoE presets use)
     expert_tps: tuple[int | None, ...] = (None, 1)
-    #: fraction of HBM a layout's estimate may exceed and still count as fitting (0 for planning)
-    hbm_tolerance: float = 0.0
     #: where a layout fits only with full recompute, also try recomputing just enough of each rank's layers
     #: (Megatron's block recompute, --recompute-num-layers) and, at pp = 1, offloading just enough layers'
     #: activations to CPU memory (--cpu-offloading-num-layers)
@@ -160,9 +158,8 @@ def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: i
 
 
 def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
-             options: StepOptions | None = None, *, hbm_tolerance: float = 0.0) -> Candidate | tuple[str, float]:
-    """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit (more than
-    `hbm_tolerance` of HBM over)."""
+             options: StepOptions | None = None) -> Candidate | tuple[str, float]:
+    """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
@@ -170,7 +167,7 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     assumptions = (options or StepOptions()).memory
     stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
                                       precision=job.precision, assumptions=assumptions)
-    if memory.total_bytes > cluster.gpu.hbm_bytes * (1 + hbm_tolerance):
+    if memory.total_bytes > cluster.gpu.hbm_bytes:
         return "memory", memory.total_bytes - cluster.gpu.hbm_bytes
     if not host_memory_fits(memory.host_bytes, cluster.node, cluster.gpus_per_node):
         return "host memory", 0.0
@@ -178,13 +175,13 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
 
 
 def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
-                   hbm_tolerance: float, variant: Callable[[int], Layout],
+                   variant: Callable[[int], Layout],
                    most: int) -> Candidate | tuple[str, float] | None:
     """`variant(k)` for the smallest k in 1..most that fits. Memory falls as k grows (block recompute keeps only
     the inputs of k more layers, offload moves k more layers to the host), so bisect on the memory model alone and
     estimate the step once. None when even `most` does not fit HBM; (reason, bytes over) when the smallest k that
     does is refused for another reason (its offloaded tensors do not fit in the node's RAM)."""
-    cap = cluster.gpu.hbm_bytes * (1 + hbm_tolerance)
+    cap = cluster.gpu.hbm_bytes
 
     def fits(count: int) -> bool:
         layout = variant(count)
@@ -205,24 +202,23 @@ def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, 
             high = middle
         else:
             low = middle + 1
-    return evaluate(job, variant(high), cluster, calibration, options, hbm_tolerance=hbm_tolerance)
+    return evaluate(job, variant(high), cluster, calibration, options)
 
 
 def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: CalibrationProfile,
-                      options: StepOptions, hbm_tolerance: float,
-                      offload: bool = True) -> list[Candidate | tuple[str, float]]:
+                      options: StepOptions, offload: bool = True) -> list[Candidate | tuple[str, float]]:
     """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
     fewest layers per pipeline chunk (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link
     is known, CPU offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
     found: list[Candidate | tuple[str, float]] = []
     chunk = layers_per_chunk(job.model.layers, full.layout)
-    block = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
+    block = _fewest_layers(job, cluster, calibration, options,
                            lambda k: full.layout.with_(recompute_layers=k), chunk - 1)
     if block is not None:
         found.append(block)
     if offload and full.layout.pp == 1 and cluster.gpu.host_link_gbytes_per_s is not None:
         plain = _without_recompute(full.layout)
-        offloaded = _fewest_layers(job, cluster, calibration, options, hbm_tolerance,
+        offloaded = _fewest_layers(job, cluster, calibration, options,
                                    lambda k: plain.with_(offload_activation_layers=k), job.model.layers - 1)
         if offloaded is not None:
             found.append(offloaded)
@@ -238,8 +234,8 @@ CHEAPER_VARIANT_RANKS = 10
 
 
 def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[Candidate], cluster: Cluster,
-                          calibration: CalibrationProfile, options: StepOptions, hbm_tolerance: float,
-                          reasons: Counter[str], offload: bool = True) -> int:
+                          calibration: CalibrationProfile, options: StepOptions, reasons: Counter[str],
+                          offload: bool = True) -> int:
     """Append the block-recompute and offload variants of the `full_only` candidates (they fit only with every layer
     recomputed) that could rank among the fastest plans; return how many were tried (a refused one is counted in
     `reasons`). The floor on any variant's
@@ -258,7 +254,7 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[C
         full = full_only[index]
         if estimate_step(job, _without_recompute(full.layout), cluster, calibration, options).step_s >= threshold:
             continue
-        for variant in _cheaper_variants(job, full, cluster, calibration, options, hbm_tolerance, offload):
+        for variant in _cheaper_variants(job, full, cluster, calibration, options, offload):
             added += 1
             if isinstance(variant, Candidate):
                 feasible.append(variant)
@@ -281,7 +277,6 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         # stores one, so the same memory costs more time: never a better plan. (torchtitan's op-level policy does
         # drop memory, so it stays.)
         space = replace(space, recomputes=useful)
-    hbm_tolerance = space.hbm_tolerance
     try_cheaper = space.partial_recompute and (fixed or {}).get("recompute") is None
     feasible: list[Candidate] = []
     reasons: Counter[str] = Counter()
@@ -291,7 +286,7 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
     tried = 0
     for layout in enumerate_layouts(job, cluster, space, fixed):
         tried += 1
-        outcome = evaluate(job, layout, cluster, calibration, options, hbm_tolerance=hbm_tolerance)
+        outcome = evaluate(job, layout, cluster, calibration, options)
         if isinstance(outcome, Candidate):
             feasible.append(outcome)
             if try_cheaper and layout.recompute == "full" and _without_recompute(layout) in unfit_without_recompute:
@@ -305,8 +300,8 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
                     unfit_without_recompute.add(layout)
         if progress is not None and tried % 256 == 0:
             progress(tried)
-    tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, hbm_tolerance,
-                                   reasons, space.activation_offload)
+    tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, reasons,
+                                   space.activation_offload)
     feasible.sort(key=lambda c: c.step.step_s)
     misses.sort(key=lambda item: item[1])
     return SearchResult(feasible, tried, reasons, misses[:5])

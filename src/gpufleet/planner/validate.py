@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import Catalog
+from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.runs import (
     PublishedRun,
-    matched_stack,
     pinned_layout_problem,
-    recipe_search_space,
     run_calibration,
     run_cluster,
     run_job,
+    run_stack,
     run_step_options,
+    stack_search_space,
 )
 from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
@@ -42,7 +44,11 @@ class RunPrediction:
     layout: Layout | None = None
     step: StepEstimate | None = None
     attention_kernel: str | None = None  # the kernel the run's stack used, as validation assumed it
-    stack: str | None = None  # the STACK_RECIPES key whose documented settings validation applied
+    stack: str | None = None  # the catalog stack whose documented settings validation applied
+    stack_defaulted: bool = False  # the run names no stack: it got the documented default
+    #: the memory model says the published layout (or every fill of its published fields) does not fit; predicted
+    #: anyway, since the run did fit, and counted in the summary
+    memory_rejected: bool = False
     eager: bool = False  # priced with eager PyTorch's unfused element-wise kernels (the run says it ran eager)
 
     @property
@@ -52,7 +58,7 @@ class RunPrediction:
         if self.attention_kernel and self.attention_kernel != "flash":
             notes.append(f"attention: {self.attention_kernel}")
         if self.stack:
-            notes.append(f"stack: {self.stack}")
+            notes.append(f"stack: {self.stack}" + (" (default: the run names none)" if self.stack_defaulted else ""))
         if self.eager:
             notes.append("eager element-wise")
         return "; ".join(note for note in notes if note)
@@ -76,25 +82,17 @@ class RunPrediction:
             "layout": self.layout.short() if self.layout else None,
             "attention_kernel": self.attention_kernel,
             "stack": self.stack,
+            "stack_defaulted": self.stack_defaulted,
             "eager": self.eager,
+            "memory_rejected": self.memory_rejected,
         }
 
 
-#: How far over HBM (as a fraction) a layout filling a published run's null fields may be (FILL_SPACE's
-#: hbm_tolerance; `plan` admits nothing over). A judgement: 3.6 % was the memory model's largest over-estimate
-#: in docs/memory.md's calibration table when it was set; that table's largest is now +1.2 %. A published run
-#: did fit, so a layout that the model puts within this margin over HBM may be the one it ran.
-MEMORY_MODEL_OVERESTIMATE = 0.036
-#: Values tried for a run's null layout fields: every degree the stacks offer, wider than `plan`'s default
-#: search (ZeRO-2, as FSDP's SHARD_GRAD_OP and Llama 3's training used; up to 8 virtual stages, as
-#: Megatron-Bridge's 405B recipes use).
-FILL_SPACE = SearchSpace(max_tp=64, shardings=("none", "zero1", "zero2", "zero3"), vpps=(1, 2, 4, 8),
-                         hbm_tolerance=MEMORY_MODEL_OVERESTIMATE)
-
-
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
-                node_id: str | None = None) -> RunPrediction:
-    """Predict one run with its own layout; nulls other than tp/pp/dp are filled by the planner."""
+                node_id: str | None = None, fitted: Mapping[str, float] | None = None) -> RunPrediction:
+    """Predict one run with its own layout; nulls other than tp/pp/dp are filled by plan's own search (its space,
+    narrowed only by what the run's stack lacks, and its memory rule: nothing over HBM). `fitted` replaces the
+    recorded calibration fits' values by fit id (cross-validation)."""
     result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu)
     given = run.layout
     missing_core = [name for name in ("tp", "pp", "dp") if getattr(given, name) is None]
@@ -107,48 +105,29 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
     try:
         cluster = run_cluster(run, catalog, node_id)
         job = run_job(run, run.global_batch, catalog)
-        calibration = run_calibration(run, catalog, cluster.gpu.id)
-        options = run_step_options(run, options)
+        calibration = run_calibration(run, catalog, cluster.gpu.id, fitted)
+        stack, result.stack_defaulted = run_stack(run, catalog)
+        result.stack = stack.id
+        options = run_step_options(run, catalog, options)
         result.eager = not options.fused_elementwise
         result.attention_kernel = calibration.attention_kernel
-        fixed = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
-        if fixed["cp"] is None:
-            fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus \
-                else None
-        matched = matched_stack(run)
-        recipe = matched[1] if matched else None
-        result.stack = matched[0] if matched else None
-        space = FILL_SPACE
-        if recipe is not None:  # what the stack is documented to use is not the planner's to choose
-            if recipe.sharding is not None and fixed["sharding"] is None:
-                fixed["sharding"] = recipe.sharding
-            if recipe.sequence_parallel is not None and fixed["sequence_parallel"] is None:
-                fixed["sequence_parallel"] = recipe.sequence_parallel
-            if job.model.moe is not None and recipe.expert_tp is not None:
-                fixed["expert_tp"] = recipe.expert_tp
-            local_batches = (given.dp or 1) * (given.pp or 1)  # tp, pp, dp are known here
-            if (recipe.micro_batches_per_pp_stage and fixed["micro_batch"] is None
-                    and run.global_batch % local_batches == 0):
-                fixed["micro_batch"] = run.global_batch // local_batches
-            if recipe.vpps is not None:
-                space = replace(space, vpps=recipe.vpps)
-            space = recipe_search_space(recipe, space)
-        if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
-            fixed["expert_tp"] = given.expert_tp
+        fixed = _published_fields(run, job, stack)
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
         if not result.filled:
             layout = Layout(**dict(fixed.items()))
             validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)  # says what is wrong
             outcome = evaluate(job, layout, cluster, calibration, options)
-            if isinstance(outcome, Candidate):
-                candidate = outcome
-            else:
+            if not isinstance(outcome, Candidate):
                 reason, over = outcome
                 if reason != "memory":
                     result.status, result.reason = "skipped", reason
                     return result
-                return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)
+                result.memory_rejected = True
+                result.reason = f"memory model rejects the published layout: {over / 2**30:.1f} GiB over HBM"
+                return _predict_despite_memory(result, job, layout, cluster, calibration, options)
+            candidate = outcome
         else:
+            space = stack_search_space(stack, SearchSpace())  # plan --stack's space
             found = search(job, cluster, calibration, space=space, fixed=fixed, options=options)
             if found.best is None:
                 if not found.closest_misses:
@@ -156,7 +135,10 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
                         if found.infeasible else f"no legal layout: {pinned_layout_problem(run)}"
                     return result
                 layout, over = found.closest_misses[0]
-                return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)
+                result.memory_rejected = True
+                result.reason = (f"memory model rejects every fill of the published fields: closest "
+                                 f"{over / 2**30:.1f} GiB over HBM")
+                return _predict_despite_memory(result, job, layout, cluster, calibration, options)
             candidate = found.best
         result.layout, result.step = candidate.layout, candidate.step
         result.predicted_tokens_per_s_per_gpu = candidate.step.tokens_per_s_per_gpu
@@ -165,12 +147,31 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
     return result
 
 
+def _published_fields(run: PublishedRun, job: Job, stack: StackRecord) -> dict[str, Any]:
+    """The layout fields the run publishes, with what its stack does where the run leaves one null (the stack's
+    documented sharding, sequence parallelism, expert TP and micro-batch rule); None: for the search to fill."""
+    given = run.layout
+    fixed: dict[str, Any] = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
+    if fixed["cp"] is None:
+        fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus else None
+    for name in ("sharding", "sequence_parallel"):
+        if fixed[name] is None and stack.value(name) is not None:
+            fixed[name] = stack.value(name)
+    if job.model.moe is not None and stack.value("expert_tp") is not None:
+        fixed["expert_tp"] = stack.value("expert_tp")
+    local_batches = (given.dp or 1) * (given.pp or 1)
+    if (stack.value("micro_batches_per_pp_stage") and fixed["micro_batch"] is None
+            and job.global_batch % local_batches == 0):
+        fixed["micro_batch"] = job.global_batch // local_batches
+    if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
+        fixed["expert_tp"] = given.expert_tp
+    return fixed
+
+
 def _predict_despite_memory(result: RunPrediction, job: Job, layout: Layout, cluster: Cluster,
-                            calibration: CalibrationProfile, options: StepOptions | None,
-                            over_bytes: float) -> RunPrediction:
-    """A published run did fit: predict it anyway and say that the memory model disagrees."""
+                            calibration: CalibrationProfile, options: StepOptions | None) -> RunPrediction:
+    """A published run did fit: predict it anyway; `result` says that the memory model disagrees."""
     step = estimate_step(job, layout, cluster, calibration, options)
-    result.reason = f"memory model says {over_bytes / 2**30:.1f} GiB over HBM"
     result.layout, result.step = layout, step
     result.predicted_tokens_per_s_per_gpu = step.tokens_per_s_per_gpu
     return result
@@ -193,4 +194,6 @@ def summarize(predictions: list[RunPrediction]) -> dict[str, Any]:
         summary[quality] = stats([p for p in ok if p.quality == quality])
     summary["high+medium"] = stats([p for p in ok if p.quality in ("high", "medium")])
     summary["skipped"] = [p.id for p in predictions if p.status == "skipped"]
+    rejected = [p.id for p in ok if p.memory_rejected]
+    summary["memory_rejected"] = {"runs": len(rejected), "ids": rejected}
     return summary

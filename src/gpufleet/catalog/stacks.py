@@ -1,0 +1,91 @@
+"""Framework stacks as data: each stack's documented settings, one source per setting (`data/stacks.yaml`).
+
+`gpufleet plan --stack ID`, `memory --stack ID` and `validate` (a run's `stack:` field) read the same records.
+A setting a stack does not state keeps gpufleet's default, which is Megatron-LM's (the `megatron-lm` stack).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.catalog.calibration import AttentionKernel
+from gpufleet.catalog.records import Record
+
+#: The stack a run without `stack:` gets, and `plan` without `--stack`: gpufleet's defaults are Megatron-LM's.
+DEFAULT_STACK = "megatron-lm"
+
+T = TypeVar("T")
+
+_Strict = ConfigDict(frozen=True, extra="forbid")
+
+
+class Sourced(BaseModel, Generic[T]):
+    """One documented setting: its value and where it is written."""
+
+    model_config = _Strict
+    value: T
+    source: str = Field(min_length=3)
+
+
+class StackSettings(BaseModel):
+    """What a stack runs with where it differs from gpufleet's (Megatron-LM's) defaults; unset keeps the default.
+
+    Step and memory behaviours apply to `plan --stack` and `validate` alike; the *layout defaults*
+    (`sharding`, `sequence_parallel`, `expert_tp`, `micro_batches_per_pp_stage`) say what the stack does when a
+    run leaves a field null, and fill only a run's null fields in `validate`; the *features* (`vpps`,
+    `activation_offload`, `context_parallel`, `sequence_parallel: false`) narrow the layouts both may choose."""
+
+    model_config = _Strict
+    attention_kernel: Sourced[AttentionKernel] | None = None
+    grad_dtype: Sourced[Literal["fp32", "bf16"]] | None = None
+    tp_comm_overlap: Sourced[bool] | None = None
+    tp_async_backward: Sourced[bool] | None = None
+    tp_gathered_inputs: Sourced[bool] | None = None
+    ep_imbalance: Sourced[float] | None = None
+    moe_dropless: Sourced[bool] | None = None
+    ep_comm_overlap: Sourced[bool] | None = None
+    ep_dispatch: Sourced[Literal["all-to-all", "dedup"]] | None = None
+    fp32_params: Sourced[bool] | None = None
+    selective_policy: Sourced[Literal["attention", "op"]] | None = None
+    logits_bytes_per_element: Sourced[float] | None = None
+    loss_bytes_per_logit: Sourced[float] | None = None
+    # layout defaults (fill a run's null field)
+    sharding: Sourced[Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"]] | None = None
+    sequence_parallel: Sourced[bool] | None = None
+    expert_tp: Sourced[int] | None = None
+    micro_batches_per_pp_stage: Sourced[bool] | None = None
+    # features (narrow the search)
+    vpps: Sourced[tuple[int, ...]] | None = None
+    activation_offload: Sourced[bool] | None = None
+    context_parallel: Sourced[bool] | None = None
+
+
+#: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
+STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
+                 "ep_dispatch", "loss_bytes_per_logit")
+MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
+
+
+class StackRecord(Record):
+    """One framework stack (`stacks:` in the catalog)."""
+
+    name: str
+    #: runs of one family are left out together by `validate --cross-validate` (its versions share settings)
+    family: str | None = None
+    settings: StackSettings = Field(default_factory=StackSettings)
+
+    def value(self, name: str) -> Any:
+        """The stated value of setting `name`, or None where the stack keeps the default."""
+        setting = getattr(self.settings, name)
+        return None if setting is None else setting.value
+
+    def stated(self) -> dict[str, Any]:
+        """Every setting the stack states, by name."""
+        return {name: self.value(name) for name in StackSettings.model_fields if self.value(name) is not None}
+
+    @property
+    def fold(self) -> str:
+        """The cross-validation group of the stack's runs: its family, else its id."""
+        return self.family or self.id

@@ -1,0 +1,174 @@
+"""Refit the recorded calibration fits (`catalog/data/fits.yaml`) from run files, and score them out of sample.
+
+`refit` searches each fit's grid for the value with the smallest mean |log(predicted / measured)| of tokens/s per
+GPU over the runs its selector picks (coordinate descent over the fits, `ROUNDS` passes; the mean of the log error
+rather than the median, which is flat over ranges and made refits jump). While fitting, each run keeps the layout
+the search chose for it (re-searching every candidate value would cost minutes); `fit_runs` then re-searches every
+run with the new values and refits, until the values stop changing: the recorded values are that fixed point, so
+running the fit again reproduces them. The runs a fold scores are predicted from scratch, search included.
+
+`cross_validate` leaves one source out at a time — a source being one stack family's published tables
+(`stacks.yaml`: `family`, else the stack id) — refits every fit on the rest, and scores the source left out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.fits import FitRecord
+from gpufleet.catalog.registry import Catalog
+from gpufleet.fabric.topology import Cluster
+from gpufleet.parallel.layout import Layout
+from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job, run_stack, run_step_options
+from gpufleet.planner.validate import RunPrediction, predict_run
+from gpufleet.workload.job import Job
+
+#: Coordinate-descent passes over the fits (a judgement: a third pass changed no value on the shipped runs).
+ROUNDS = 2
+#: |error| at or under which a prediction counts as close (the issue's "within 10 %").
+CLOSE_ERROR = 0.10
+
+
+@dataclass(frozen=True)
+class FitCase:
+    """One predicted run, its layout held at the search's choice, ready to be re-estimated with other values."""
+
+    run: PublishedRun
+    fold: str
+    job: Job
+    layout: Layout
+    cluster: Cluster
+    options: StepOptions
+    raw_calibration: CalibrationProfile  # before fits
+
+    def log_error(self, catalog: Catalog, values: Mapping[str, float]) -> float:
+        """log(predicted / measured tokens/s per GPU) with the fits' `values`."""
+        calibration = run_calibration(self.run, catalog, self.cluster.gpu.id, values)
+        step = estimate_step(self.job, self.layout, self.cluster, calibration, self.options)
+        return math.log(step.tokens_per_s_per_gpu / self.run.target.tokens_per_s_per_gpu)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Fitted values by fit id, the runs each was fitted on, and its in-sample mean |log error| over them."""
+
+    values: dict[str, float]
+    chosen_on: dict[str, tuple[str, ...]]
+    mean_abs_log_error: dict[str, float | None]
+
+
+def run_fold(run: PublishedRun, catalog: Catalog) -> str:
+    """The cross-validation group of a run: its stack's family, else its stack id (the default stack's)."""
+    return run_stack(run, catalog)[0].fold
+
+
+def fit_cases(runs: Sequence[PublishedRun], predictions: Sequence[RunPrediction], catalog: Catalog,
+              options: StepOptions | None = None, node_id: str | None = None) -> list[FitCase]:
+    """A FitCase for every run that was predicted (its prediction's layout)."""
+    cases = []
+    for run, prediction in zip(runs, predictions, strict=True):
+        if prediction.layout is None or prediction.error is None or run.global_batch is None:
+            continue
+        cluster = run_cluster(run, catalog, node_id)
+        cases.append(FitCase(run, run_fold(run, catalog), run_job(run, run.global_batch, catalog), prediction.layout,
+                             cluster, run_step_options(run, catalog, options),
+                             catalog.get("calibrations", cluster.gpu.id, CalibrationProfile)))
+    return cases
+
+
+def selects(fit: FitRecord, case: FitCase, catalog: Catalog) -> bool:
+    """Whether `fit` is fitted on `case`: it governs the run's GPU, and the run matches its selector."""
+    if not fit.governs(case.raw_calibration):
+        return False
+    if fit.runs.moe is not None and (case.job.model.moe is not None) != fit.runs.moe:
+        return False
+    kernel = fit.runs.attention_kernel
+    return kernel is None or run_calibration(case.run, catalog, case.cluster.gpu.id).attention_kernel == kernel
+
+
+def _objective(cases: Sequence[FitCase], catalog: Catalog, values: Mapping[str, float]) -> float:
+    return statistics.fmean(abs(case.log_error(catalog, values)) for case in cases)
+
+
+def refit(cases: Sequence[FitCase], catalog: Catalog, start: Mapping[str, float] | None = None) -> FitResult:
+    """Each fit's grid value with the smallest mean |log error| over the cases it selects (ties: nearest the value
+    it starts from: `start`, else the recorded one); a fit that selects no case keeps its starting value."""
+    fits = catalog.fits()
+    values = {fit.id: (start or {}).get(fit.id, fit.value) for fit in fits}
+    chosen = {fit.id: [case for case in cases if selects(fit, case, catalog)] for fit in fits}
+    for _ in range(ROUNDS):
+        for fit in fits:
+            if not chosen[fit.id]:
+                continue
+            begin = values[fit.id]
+            scored = [(round(_objective(chosen[fit.id], catalog, {**values, fit.id: value}), 12),
+                       abs(value - begin), value) for value in fit.grid()]
+            values[fit.id] = min(scored)[2]
+    medians = {fit.id: _objective(chosen[fit.id], catalog, values) if chosen[fit.id] else None for fit in fits}
+    return FitResult(values, {key: tuple(case.run.id for case in rows) for key, rows in chosen.items()}, medians)
+
+
+#: Most re-search-and-refit passes `fit_runs` makes before it stops (a judgement; the shipped runs settle in 2-3).
+MAX_PASSES = 5
+
+
+def fit_runs(runs: Sequence[PublishedRun], catalog: Catalog, options: StepOptions | None = None,
+             node_id: str | None = None) -> tuple[FitResult, list[RunPrediction], int]:
+    """Refit from the recorded values, re-search every run with the new values, and repeat until no value
+    changes (at most MAX_PASSES); returns the fit, the runs' predictions with its values, and the passes made."""
+    values: dict[str, float] | None = None
+    predictions = [predict_run(run, catalog, options, node_id) for run in runs]
+    passes = 0
+    while True:
+        passes += 1
+        result = refit(fit_cases(runs, predictions, catalog, options, node_id), catalog, values)
+        predictions = [predict_run(run, catalog, options, node_id, result.values) for run in runs]
+        if result.values == values or passes == MAX_PASSES:
+            return result, predictions, passes
+        values = result.values
+
+
+@dataclass
+class CrossValidation:
+    """Leave-one-source-out predictions: each source scored with fits refitted on every other source."""
+
+    predictions: dict[str, list[RunPrediction]] = field(default_factory=dict)  # by source
+    values: dict[str, dict[str, float]] = field(default_factory=dict)  # fitted without that source
+
+    def summary(self, runs: Sequence[PublishedRun]) -> dict[str, Any]:
+        """`{"median_abs_error", "within_10pct", "runs", "dense", "moe", "by_source": {...}}`."""
+        moe = {run.id for run in runs if run.model.moe is not None}
+        pooled = [p for rows in self.predictions.values() for p in rows if p.error is not None]
+        return {**_stats(pooled),
+                "dense": _stats([p for p in pooled if p.id not in moe]),
+                "moe": _stats([p for p in pooled if p.id in moe]),
+                "by_source": {source: {**_stats([p for p in rows if p.error is not None]),
+                                       "fitted": self.values[source]}
+                              for source, rows in sorted(self.predictions.items())}}
+
+
+def _stats(rows: Sequence[RunPrediction]) -> dict[str, Any]:
+    errors = [abs(p.error) for p in rows if p.error is not None]
+    if not errors:
+        return {"runs": 0, "median_abs_error": None, "within_10pct": None}
+    return {"runs": len(errors), "median_abs_error": statistics.median(errors),
+            "within_10pct": sum(error <= CLOSE_ERROR for error in errors) / len(errors)}
+
+
+def cross_validate(runs: Sequence[PublishedRun], predictions: Sequence[RunPrediction], catalog: Catalog,
+                   options: StepOptions | None = None, node_id: str | None = None) -> CrossValidation:
+    """Leave each source out in turn: refit on the others' cases, predict the source's runs from scratch."""
+    cases = fit_cases(runs, predictions, catalog, options, node_id)
+    result = CrossValidation()
+    for source in sorted({run_fold(run, catalog) for run in runs}):
+        values = refit([case for case in cases if case.fold != source], catalog).values
+        result.values[source] = values
+        result.predictions[source] = [predict_run(run, catalog, options, node_id, values)
+                                      for run in runs if run_fold(run, catalog) == source]
+    return result
