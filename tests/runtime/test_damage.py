@@ -1,0 +1,243 @@
+"""Damage is per step: whatever makes one checkpoint unreadable (a permission refused, a folder where a file
+belongs, an I/O error, a manifest nested absurdly deep or holding 1e400, a manifest of another step) makes a
+fresh process skip that step, load the newest intact one exactly, and go on saving with retention; `ckpt
+list/verify/prune` report that step and go on.
+
+Each case damages step 3 of steps 1-3 and then runs, in fresh processes, a resume that saves step 4 and the
+three `ckpt` commands. Before the fix these raised IsADirectoryError, PermissionError, OSError, RecursionError or
+OverflowError, or (a renamed copy) loaded step 1's state as step 3's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from _workers import expected_state  # noqa: E402
+
+from gpufleet.runtime.checkpoint import CheckpointManager, verify_checkpoint  # noqa: E402
+from gpufleet.runtime.checkpoint.manager import _local_fs  # noqa: E402
+from gpufleet.runtime.checkpoint.manifest import MAX_MANIFEST_BYTES, _digest_of, json_depth  # noqa: E402
+from gpufleet.runtime.checkpoint.names import step_dirname  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300)]
+HERE = Path(__file__).parent
+WORKER = HERE / "_workers.py"
+SRC = HERE.parents[1] / "src"
+# the CLI with reads of one file failing (EIO) when the first argument names it
+CLI_ENTRY = ("import sys\n"
+             f"sys.path.insert(0, {str(HERE)!r})\n"
+             "from _workers import fail_reads_of\n"
+             "target = sys.argv.pop(1)\n"
+             "if target: fail_reads_of(target)\n"
+             "from gpufleet.cli.main import run\n"
+             "run(sys.argv[1:])\n")
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which file permissions apply (root ignores them unless its override is dropped)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): file permissions cannot be made to apply")
+    probe = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot drop root's permission override here: {probe.stderr.strip()}")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def rewrite_manifest(step_dir: Path, change: Callable[[dict[str, Any]], None], text: Callable[[str], str] = str,
+                     ) -> None:
+    """Change the manifest's body and recompute its own checksum, as a writer with a bug (or a hand) would."""
+    path = step_dir / "manifest.json"
+    body = json.loads(path.read_text())
+    body.pop("manifest_checksum")
+    change(body)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)  # to write (and checksum) the deeply nested case
+    try:
+        body["manifest_checksum"] = _digest_of(body)
+        path.write_text(text(json.dumps(body, sort_keys=True)))
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _manifest_a_folder(d: Path) -> None:
+    (d / "manifest.json").unlink()
+    (d / "manifest.json").mkdir()
+
+
+def _renamed_copy(d: Path) -> None:
+    shutil.rmtree(d)
+    shutil.copytree(d.parent / step_dirname(1), d)  # cp -r step_1 step_3
+
+
+INFINITE = float("inf")  # what json reads 1e400 as
+
+
+def _huge(key: str) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        def change(body: dict[str, Any]) -> None:
+            if key == "step":
+                body["step"] = INFINITE
+            else:
+                next(iter(body["files"].values()))["size_bytes"] = INFINITE
+        rewrite_manifest(d, change, text=lambda t: t.replace("Infinity", "1e400"))
+    return damage
+
+
+class Case(NamedTuple):
+    damage: Callable[[Path], None]
+    reason: str
+    """Words the skip message must hold."""
+    eio: str | None = None
+    """A file of step 3 whose reads fail with EIO."""
+    permissions: bool = False
+    """Whether the damage is a file mode (so the processes run where permissions apply)."""
+    in_data: bool = False
+    """In a data file: `ckpt list` (which reads no data) still shows the step complete; verify and loads find it."""
+
+
+CASES = {
+    "manifest is a folder": Case(_manifest_a_folder, "is a folder"),
+    "manifest unreadable": Case(lambda d: (d / "manifest.json").chmod(0), "Permission denied", permissions=True),
+    "data file unreadable": Case(lambda d: (d / "__0_0.distcp").chmod(0), "Permission denied", permissions=True,
+                                 in_data=True),
+    "manifest I/O error": Case(lambda d: None, "Input/output error", eio="manifest.json"),
+    "data file I/O error": Case(lambda d: None, "Input/output error", eio="__0_1.distcp", in_data=True),
+    "manifest nested 1000 deep": Case(lambda d: rewrite_manifest(d, lambda b: b.update(user={"deep": _nested(1000)})),
+                                      "nested 1002 levels deep"),
+    "step is 1e400": Case(_huge("step"), "step is inf"),
+    "size_bytes is 1e400": Case(_huge("size"), "size_bytes is inf"),
+    "a renamed copy of step 1": Case(_renamed_copy, "manifest of step 1"),
+}
+
+
+def run_json(command: list[str], prefix: list[str]) -> tuple[int, Any, str]:
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    proc = subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=240, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    try:
+        parsed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
+    except json.JSONDecodeError:
+        parsed = json.loads(proc.stdout)
+    return proc.returncode, parsed, proc.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_damaged_step_is_skipped_and_everything_goes_on(tmp_path: Path, case: str) -> None:
+    damage, reason, eio_name, permissions, in_data = CASES[case]
+    prefix = unprivileged() if permissions else []
+    root = tmp_path / "ckpt"
+    manager = CheckpointManager(root, keep_last=10)
+    for step in (1, 2, 3):
+        manager.save(expected_state(step), step, blocking=True)
+    manager.close()
+    bad = root / step_dirname(3)
+    damage(bad)
+    eio = str(bad / eio_name) if eio_name else ""
+
+    code, listed, err = run_json([sys.executable, "-c", CLI_ENTRY, eio, "ckpt", "list", str(root), "--json"], prefix)
+    assert code == 0, err
+    assert [(row["step"], row["complete"]) for row in listed["checkpoints"]] == [(1, True), (2, True), (3, in_data)]
+    assert in_data or reason in "; ".join(listed["checkpoints"][2]["problems"]), listed
+    code, verified, err = run_json([sys.executable, "-c", CLI_ENTRY, eio, "ckpt", "verify", str(root), "--json"],
+                                   prefix)
+    assert code == 1 and err.count("\n") == 1, err
+    assert [(c["step"], c["ok"]) for c in verified["checkpoints"]] == [(1, True), (2, True), (3, False)]
+    assert reason in "; ".join(verified["checkpoints"][2]["problems"]), verified
+    code, pruned, err = run_json([sys.executable, "-c", CLI_ENTRY, eio, "ckpt", "prune", str(root), "--keep-last",
+                                  "1", "--dry-run", "--json"], prefix)
+    assert code == 0, err
+    assert [d["step"] for d in pruned["damaged"]] == [3] and pruned["kept"] == [str(root / step_dirname(2))]
+
+    code, outcome, err = run_json([sys.executable, str(WORKER), "resume", str(root), "4", eio], prefix)
+    assert code == 0, err
+    assert outcome["loaded"] == 2 and outcome["exact"], outcome  # the newest intact step, exactly
+    skipped = [line for line in outcome["log"] if "skipped" in line]
+    assert skipped and step_dirname(3) in skipped[0] and reason in skipped[0], outcome["log"]
+    assert outcome["save_error"] is None, outcome  # the save after it commits and says so
+    assert outcome["steps"] == [2, 3, 4], outcome  # retention went on: 1 deleted, 3 left (damaged, not counted)
+
+
+# -- the manifest as untrusted input (in-process: pure parsing and one folder) -----------------------------
+
+
+def _reference_depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_reference_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_reference_depth(v) for v in value), default=0)
+    return 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet='[]{}"\\ab:,\n\u00e9'),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(alphabet='[]{}"\\a'), children,
+                                                                      max_size=4),
+    max_leaves=30)
+
+
+@given(json_values)
+@settings(max_examples=300, deadline=None)
+def test_json_depth_counts_nesting_without_parsing_and_ignores_brackets_in_strings(value: Any) -> None:
+    text = json.dumps(value, ensure_ascii=False).encode()
+    assert json_depth(text) == _reference_depth(value)
+
+
+def test_a_manifest_that_is_a_pipe_or_too_large_is_damage_not_a_hang(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=10)
+    for step in (1, 2):
+        manager.save(expected_state(step), step, blocking=True)
+    manifest = tmp_path / step_dirname(2) / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)  # read forever by a plain open().read(): nobody ever writes to it
+    report = verify_checkpoint(_local_fs(), str(manifest.parent))
+    assert not report.ok and "not a regular file" in report.problems[0], report.problems
+    found = manager.load_latest()
+    assert found is not None and found[0] == 1
+    manifest.unlink()
+    with open(manifest, "wb") as handle:
+        handle.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: no disk used
+    report = verify_checkpoint(_local_fs(), str(manifest.parent))
+    assert not report.ok and "more than the" in report.problems[0], report.problems
+    manager.close()
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("step", True, "step is True, not a whole number"),
+    ("step", 2.0, "step is 2.0, not a whole number"),
+    ("step", -1, "outside"),
+    ("world_size", 0, "outside"),
+    ("created_unix_s", "soon", "not a finite number"),
+    ("files", [], "not an object"),
+    ("user", None, "not an object"),
+])
+def test_every_manifest_field_is_checked_never_coerced(tmp_path: Path, field: str, value: Any, words: str) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(expected_state(2), 2, blocking=True)
+    manager.close()
+    rewrite_manifest(tmp_path / step_dirname(2), lambda body: body.update({field: value}))
+    report = verify_checkpoint(_local_fs(), str(tmp_path / step_dirname(2)))
+    assert not report.ok and words in report.problems[0], report.problems
