@@ -3,8 +3,8 @@ belongs, an I/O error, a manifest nested absurdly deep or holding 1e400, a manif
 fresh process skip that step, load the newest intact one exactly, and go on saving with retention; `ckpt
 list/verify/prune` report that step and go on.
 
-Each case damages step 3 of steps 1-3 and then runs, in fresh processes, a resume that saves step 4 and the
-three `ckpt` commands. Before the fix these raised IsADirectoryError, PermissionError, OSError, RecursionError or
+Each case damages step 3 of steps 1-3 and then runs, in a fresh process, the three `ckpt` commands and a resume
+that saves step 4. Before the fix these raised IsADirectoryError, PermissionError, OSError, RecursionError or
 OverflowError, or (a renamed copy) loaded step 1's state as step 3's.
 """
 
@@ -34,16 +34,26 @@ from gpufleet.runtime.checkpoint.names import step_dirname  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300)]
 HERE = Path(__file__).parent
-WORKER = HERE / "_workers.py"
 SRC = HERE.parents[1] / "src"
-# the CLI with reads of one file failing (EIO) when the first argument names it
-CLI_ENTRY = ("import sys\n"
-             f"sys.path.insert(0, {str(HERE)!r})\n"
-             "from _workers import fail_reads_of\n"
-             "target = sys.argv.pop(1)\n"
-             "if target: fail_reads_of(target)\n"
-             "from gpufleet.cli.main import run\n"
-             "run(sys.argv[1:])\n")
+# In one fresh process: `gpufleet ARGS` for each ARGS in the JSON list argv[2] (each run's exit code, stdout and
+# stderr printed as one JSON line), then a resume from argv[3] that saves step 4 (`_workers.resume`, one more JSON
+# line); every read of the file argv[1] fails (EIO) when it is not empty
+FRESH = ("import contextlib, io, json, sys\n"
+         f"sys.path.insert(0, {str(HERE)!r})\n"
+         "from _workers import fail_reads_of, resume\n"
+         "if sys.argv[1]: fail_reads_of(sys.argv[1])\n"
+         "from gpufleet.cli.main import run\n"
+         "results = []\n"
+         "for args in json.loads(sys.argv[2]):\n"
+         "    out, err = io.StringIO(), io.StringIO()\n"
+         "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+         "        try:\n"
+         "            run(args)\n"
+         "        except SystemExit as done:\n"
+         "            code = done.code\n"
+         "    results.append([code, out.getvalue(), err.getvalue()])\n"
+         "print(json.dumps(results), flush=True)\n"
+         "resume(sys.argv[3], 4, None)\n")
 
 
 def unprivileged() -> list[str]:
@@ -133,17 +143,6 @@ CASES = {
 }
 
 
-def run_json(command: list[str], prefix: list[str]) -> tuple[int, Any, str]:
-    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
-    proc = subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=240, env=env)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    try:
-        parsed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
-    except json.JSONDecodeError:
-        parsed = json.loads(proc.stdout)
-    return proc.returncode, parsed, proc.stderr
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_one_damaged_step_is_skipped_and_everything_goes_on(tmp_path: Path, case: str) -> None:
     damage, reason, eio_name, permissions, in_data = CASES[case]
@@ -157,22 +156,28 @@ def test_one_damaged_step_is_skipped_and_everything_goes_on(tmp_path: Path, case
     damage(bad)
     eio = str(bad / eio_name) if eio_name else ""
 
-    code, listed, err = run_json([sys.executable, "-c", CLI_ENTRY, eio, "ckpt", "list", str(root), "--json"], prefix)
+    commands = [["ckpt", "list", str(root), "--json"], ["ckpt", "verify", str(root), "--json"],
+                ["ckpt", "prune", str(root), "--keep-last", "1", "--dry-run", "--json"]]
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    proc = subprocess.run([*prefix, sys.executable, "-c", FRESH, eio, json.dumps(commands), str(root)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    ran, outcome = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    for _, _, stderr in ran:
+        assert "Traceback" not in stderr, stderr
+    (code, out, err), (verify_code, verify_out, verify_err), (prune_code, prune_out, prune_err) = ran
     assert code == 0, err
+    listed = json.loads(out)
     assert [(row["step"], row["complete"]) for row in listed["checkpoints"]] == [(1, True), (2, True), (3, in_data)]
     assert in_data or reason in "; ".join(listed["checkpoints"][2]["problems"]), listed
-    code, verified, err = run_json([sys.executable, "-c", CLI_ENTRY, eio, "ckpt", "verify", str(root), "--json"],
-                                   prefix)
-    assert code == 1 and err.count("\n") == 1, err
+    assert verify_code == 1 and verify_err.count("\n") == 1, verify_err
+    verified = json.loads(verify_out)
     assert [(c["step"], c["ok"]) for c in verified["checkpoints"]] == [(1, True), (2, True), (3, False)]
     assert reason in "; ".join(verified["checkpoints"][2]["problems"]), verified
-    code, pruned, err = run_json([sys.executable, "-c", CLI_ENTRY, eio, "ckpt", "prune", str(root), "--keep-last",
-                                  "1", "--dry-run", "--json"], prefix)
-    assert code == 0, err
+    assert prune_code == 0, prune_err
+    pruned = json.loads(prune_out)
     assert [d["step"] for d in pruned["damaged"]] == [3] and pruned["kept"] == [str(root / step_dirname(2))]
 
-    code, outcome, err = run_json([sys.executable, str(WORKER), "resume", str(root), "4", eio], prefix)
-    assert code == 0, err
     assert outcome["loaded"] == 2 and outcome["exact"], outcome  # the newest intact step, exactly
     skipped = [line for line in outcome["log"] if "skipped" in line]
     assert skipped and step_dirname(3) in skipped[0] and reason in skipped[0], outcome["log"]
