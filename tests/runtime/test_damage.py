@@ -246,3 +246,33 @@ def test_every_manifest_field_is_checked_never_coerced(tmp_path: Path, field: st
     rewrite_manifest(tmp_path / step_dirname(2), lambda body: body.update({field: value}))
     report = verify_checkpoint(_local_fs(), str(tmp_path / step_dirname(2)))
     assert not report.ok and words in report.problems[0], report.problems
+
+
+def test_a_checkpoint_that_cannot_be_deleted_never_stops_retention_or_prune(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpufleet.cli.main import run as cli_run
+
+    manager = CheckpointManager(tmp_path, keep_last=10)
+    for step in (1, 2, 3, 4):
+        manager.save(expected_state(step), step, blocking=True)
+    manager.close()
+    real = os.rename
+
+    def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:  # step 1 refuses to move (delete-by-rename)
+        if Path(src).name == step_dirname(1):
+            raise PermissionError(13, os.strerror(13), str(src))
+        real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(SystemExit) as done:
+        cli_run(["ckpt", "prune", str(tmp_path), "--keep-last", "2", "--json"])
+    assert done.value.code == 1
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["deleted"] == [str(tmp_path / step_dirname(2))]  # the step after the stuck one still went
+    assert [item["step"] for item in result["not_deleted"]] == [1] and "Permission denied" in captured.err
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    retaining = CheckpointManager(tmp_path, keep_last=1)
+    retaining.save(expected_state(5), 5, blocking=True)  # retention cannot delete step 1: the save still commits
+    assert retaining.steps() == [1, 5]
+    retaining.close()

@@ -262,7 +262,8 @@ def register(app: typer.Typer) -> None:
         never costs an older good one. Damaged checkpoints (manifest present, but it or a file is bad) are
         never deleted: they are left in place and reported, for `gpufleet ckpt verify` and a person to judge.
         Checkpoints without a manifest are deleted only with --incomplete. A file named like a checkpoint is not
-        one: it is reported and never deleted.
+        one: it is reported and never deleted. A checkpoint that cannot be deleted (a permission refused) is
+        reported, the others are still deleted, and the command exits 1.
 
         Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
         """
@@ -288,17 +289,21 @@ def register(app: typer.Typer) -> None:
             if incomplete:
                 doomed.update(plan.incomplete)
             doomed = dict(sorted(doomed.items()))
-            if not dry_run:
-                for path in doomed.values():
+            not_deleted: list[dict[str, Any]] = []  # one that cannot be deleted (a permission) never stops the rest
+            for step, path in [] if dry_run else list(doomed.items()):
+                try:
                     if is_local(fs):
                         remove_tree(Path(path))
                     else:
                         delete_checkpoint(fs, path)
+                except OSError as error:
+                    not_deleted.append({"step": step, "path": path, "reason": error.strerror or str(error)})
+                    del doomed[step]
         damaged: list[dict[str, Any]] = [{"step": step, "path": path, "problems": problems}
                    for step, (path, problems) in plan.damaged.items()]
         not_folders = [{"step": info.step, "path": info.path} for info in infos if not info.is_folder]
         data = {"root": where, "dry_run": dry_run, "deleted": list(doomed.values()), "kept": list(plan.keep.values()),
-                "damaged": damaged, "not_folders": not_folders}
+                "damaged": damaged, "not_folders": not_folders, "not_deleted": not_deleted}
 
         def render(console: Console) -> None:
             verb = "would delete" if dry_run else "deleted"
@@ -316,6 +321,9 @@ def register(app: typer.Typer) -> None:
                             f"(see `gpufleet ckpt verify {where}`)")
             console.print(summary, soft_wrap=True)
 
+        if not_deleted:
+            Output(json).check_failed(f"{len(not_deleted)} checkpoint(s) could not be deleted: " + "; ".join(
+                f"step {item['step']} ({item['path']}): {item['reason']}" for item in not_deleted), data, render)
         Output(json).emit(data, render)
 
     def _copy(src: str, dst: str, step: int | None, max_mib_per_s: float | None, deadline_s: float, json: bool,
