@@ -276,3 +276,31 @@ def test_a_checkpoint_that_cannot_be_deleted_never_stops_retention_or_prune(
     retaining.save(expected_state(5), 5, blocking=True)  # retention cannot delete step 1: the save still commits
     assert retaining.steps() == [1, 5]
     retaining.close()
+
+
+def _valid_manifest_bytes() -> bytes:
+    from gpufleet.runtime.checkpoint.manifest import FileEntry, Manifest
+
+    return Manifest(step=3, world_size=1, files={"__0_0.distcp": FileEntry(10, "ab" * 16)},
+                    user={"lr": 0.1}, created_unix_s=1.7e9).to_json()
+
+
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda at, junk: _valid_manifest_bytes()[:at] + junk + _valid_manifest_bytes()[at:],
+              st.integers(0, 400), st.binary(min_size=1, max_size=20)),
+    st.builds(lambda at: _valid_manifest_bytes()[:at], st.integers(0, 400)),
+    json_values.map(lambda value: json.dumps(value).encode()),
+))
+@settings(max_examples=400, deadline=None)
+def test_any_manifest_bytes_parse_or_are_damage_never_another_error(data: bytes) -> None:
+    """Fuzz: random bytes, valid manifests with bytes spliced in or cut short, and arbitrary JSON."""
+    from gpufleet.runtime.checkpoint.errors import CorruptCheckpointError
+    from gpufleet.runtime.checkpoint.manifest import Manifest
+
+    try:
+        manifest = Manifest.from_json(data, "/ckpt/step_000000000003")
+    except CorruptCheckpointError as error:
+        assert error.problems and all(len(problem) < 400 for problem in error.problems)
+    else:
+        assert manifest.step == 3 and manifest.to_json() == _valid_manifest_bytes()
