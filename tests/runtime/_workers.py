@@ -1,12 +1,18 @@
 """Child processes for the fault tests: a fork server for SIGKILL trials and torch.distributed ranks.
 
 Run as `python _workers.py zygote` (reads `fork ROOT LOG` lines, answers with child pids, `reap PID`
-answers the exit status) or `python _workers.py rank SCENARIO ROOT` with RANK/WORLD_SIZE/MASTER_* set.
+answers the exit status), `python _workers.py rank SCENARIO ROOT` with RANK/WORLD_SIZE/MASTER_* set, or
+`python _workers.py resume ROOT NEXT_STEP [EIO_PATH]`: a fresh process that resumes from ROOT, saves NEXT_STEP and
+prints what happened as one JSON line (with EIO_PATH, every read of that file fails with EIO, as a bad sector
+would).
 """
 
 from __future__ import annotations
 
 import errno
+import io
+import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -151,8 +157,64 @@ def rank_main(scenario: str, root: str) -> None:
     dist.destroy_process_group()
 
 
+class _BadSector(io.FileIO):
+    """A file whose every read fails with EIO, as one on a bad sector does."""
+
+    def readinto(self, buffer: Any) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), self.name)
+
+    def readall(self) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), self.name)
+
+
+def fail_reads_of(target: str) -> None:
+    """From now on, every read of the file at `target` (opened by path or by descriptor) fails with EIO."""
+    import builtins
+
+    real_open = builtins.open
+
+    def open_(file: Any, mode: str = "r", buffering: int = -1, *args: Any, **kwargs: Any) -> Any:
+        path = os.readlink(f"/proc/self/fd/{file}") if isinstance(file, int) else os.fspath(file)
+        if os.path.abspath(path) != os.path.abspath(target) or "r" not in mode or "b" not in mode:
+            return real_open(file, mode, buffering, *args, **kwargs)
+        raw = _BadSector(file, "rb", closefd=kwargs.get("closefd", True))
+        return raw if buffering == 0 else io.BufferedReader(raw)
+
+    builtins.open = open_
+
+
+def resume(root: str, next_step: int, eio_path: str | None) -> None:
+    """Resume from `root` in this fresh process, then save `next_step`; print the outcome as one JSON line."""
+    from gpufleet.runtime.checkpoint import CheckpointManager
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("gpufleet").addHandler(Keep())
+    if eio_path:
+        fail_reads_of(eio_path)
+    manager = CheckpointManager(root, keep_last=2)
+    found = manager.load_latest()
+    outcome: dict[str, Any] = {"loaded": None if found is None else found[0],
+                               "exact": found is not None and same_state(found[1], expected_state(found[0]))}
+    try:
+        manager.save(expected_state(next_step), next_step, blocking=True)
+        outcome["save_error"] = None
+    except Exception as error:
+        outcome["save_error"] = f"{type(error).__name__}: {error}"
+    manager.close()
+    outcome["steps"] = manager.steps()
+    outcome["log"] = records
+    print(json.dumps(outcome), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "zygote":
         zygote()
+    elif sys.argv[1] == "resume":
+        resume(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
     else:
         rank_main(sys.argv[2], sys.argv[3])

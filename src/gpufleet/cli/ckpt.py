@@ -1,7 +1,16 @@
-"""`gpufleet ckpt list|verify|prune|upload|download`: inspect and move checkpoints, local or in a store."""
+"""`gpufleet ckpt list|verify|prune|upload|download`: inspect and move checkpoints, local or in a store.
+
+Exit codes: 0 done; 1 a check failed (a checkpoint does not verify, a step was not copied); 2 the input is wrong;
+3 the store did not answer (connection refused or timed out, HTTP 5xx) within the deadline: nothing is wrong with
+the checkpoints or the command, try again later. `upload` and `download` retry an unreachable store for
+`--deadline` seconds (default DEFAULT_DEADLINE_S) before exiting 3.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -9,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import Output
+from gpufleet.cli.output import Output, fail
 from gpufleet.errors import InputError
 from gpufleet.units import format_bytes
 
@@ -20,15 +29,43 @@ WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a
 StepOption = typer.Option(None, "--step", help="Only this step (default: every checkpoint).")
 URL_FORMS = "a folder, or a URL such as s3://bucket/prefix"
 SET_ASIDE_NOTE = "set aside (not a checkpoint; delete when reviewed)"
+EXIT_STORE_UNREACHABLE = 3
+"""`ckpt` exits 3 when the store did not answer within the deadline: apart from 1 (a check failed) and 2 (bad input),
+so a script can tell "try again later" from "something is wrong"."""
+DEFAULT_DEADLINE_S = 30.0
+"""Judgement call: long enough to ride out a connection reset or a store's brief 5xx burst, short enough that a
+script learns of an outage in well under a minute."""
+DeadlineOption = typer.Option(DEFAULT_DEADLINE_S, "--deadline", metavar="SECONDS",
+                              help="Give up on a store that does not answer after this many seconds of retries "
+                                   f"(exit {EXIT_STORE_UNREACHABLE}); a transfer that is making progress is never "
+                                   "cut off.")
 
 
-def _open_url(where: str) -> tuple[Any, str]:
-    """The file system and path of a root the user typed; refuses an empty path and a URL with no bucket."""
-    from gpufleet.runtime.checkpoint.store import is_local, open_url
+@contextlib.contextmanager
+def _unreachable_exits(deadline_s: float | None = None) -> Iterator[None]:
+    """A store that did not answer ends the command with one line and exit EXIT_STORE_UNREACHABLE."""
+    from gpufleet.runtime.checkpoint.errors import StoreUnreachableError
+
+    try:
+        yield
+    except StoreUnreachableError as error:
+        within = f" (gave up after --deadline {deadline_s:g} s)" if deadline_s is not None else ""
+        fail(f"store unreachable{within}: {error}; nothing is wrong with the checkpoints: try again later",
+             EXIT_STORE_UNREACHABLE)
+
+
+def _open_url(where: str, deadline_s: float | None = None) -> tuple[Any, str]:
+    """The file system and path of a root the user typed; refuses an empty path, a URL with no bucket and an
+    in-memory store (it would vanish with this process). With `deadline_s`, one request to an S3 store never
+    outlasts it (`store.bounded_storage_options`)."""
+    from gpufleet.runtime.checkpoint.store import bounded_storage_options, is_local, open_url
 
     if not where.strip():
         raise InputError(f"a checkpoint root is required ({URL_FORMS}), got an empty path")
-    fs, root = open_url(where)
+    fs, root = open_url(where, bounded_storage_options(where, deadline_s) if deadline_s else None)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "memory" in protocols:
+        raise InputError(f"{where} is an in-memory store, which vanishes when this command exits: give {URL_FORMS}")
     if not root:
         if is_local(fs):
             raise InputError(f"a checkpoint root is required ({URL_FORMS}), got {where!r}")
@@ -38,11 +75,11 @@ def _open_url(where: str) -> tuple[Any, str]:
     return fs, root
 
 
-def _open(where: str) -> tuple[Any, str]:
+def _open(where: str, deadline_s: float | None = None) -> tuple[Any, str]:
     """An existing folder of checkpoints (or store prefix)."""
     from gpufleet.runtime.checkpoint.errors import CheckpointError
 
-    fs, root = _open_url(where)
+    fs, root = _open_url(where, deadline_s)
     if not fs.exists(root):
         raise CheckpointError(f"{where} does not exist")
     if not fs.isdir(root):
@@ -50,12 +87,12 @@ def _open(where: str) -> tuple[Any, str]:
     return fs, root
 
 
-def _destination(where: str) -> tuple[Any, str]:
+def _destination(where: str, deadline_s: float | None = None) -> tuple[Any, str]:
     """A root to copy into: an existing folder, or one that can be created (on a local disk, created here)."""
     from gpufleet.runtime.checkpoint.errors import CheckpointError
     from gpufleet.runtime.checkpoint.store import is_local
 
-    fs, root = _open_url(where)
+    fs, root = _open_url(where, deadline_s)
     if fs.exists(root) and not fs.isdir(root):
         raise CheckpointError(f"{where} is a file; the destination must be a folder (it is created if missing)")
     if is_local(fs):
@@ -134,7 +171,7 @@ def register(app: typer.Typer) -> None:
         from gpufleet.runtime.checkpoint.store import list_checkpoints, list_set_aside, store_errors
         from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
 
-        with store_errors(where):
+        with _unreachable_exits(), store_errors(where):
             fs, root = _open(where)
             infos = list_checkpoints(fs, root)
             rows = [_listed(fs, info) for info in infos]
@@ -173,7 +210,7 @@ def register(app: typer.Typer) -> None:
         _check_step(step)
         out = Output(json)
         results: list[dict[str, Any]] = []
-        with store_errors(where):
+        with _unreachable_exits(), store_errors(where):
             fs, root = _open(where)
             infos = list_checkpoints(fs, root)
             if step is not None:
@@ -225,7 +262,8 @@ def register(app: typer.Typer) -> None:
         never costs an older good one. Damaged checkpoints (manifest present, but it or a file is bad) are
         never deleted: they are left in place and reported, for `gpufleet ckpt verify` and a person to judge.
         Checkpoints without a manifest are deleted only with --incomplete. A file named like a checkpoint is not
-        one: it is reported and never deleted.
+        one: it is reported and never deleted. A checkpoint that cannot be deleted (a permission refused) is
+        reported, the others are still deleted, and the command exits 1.
 
         Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
         """
@@ -242,7 +280,7 @@ def register(app: typer.Typer) -> None:
         if keep_every is not None and keep_every < 1:
             raise InputError(f"--keep-every must be a positive number of steps (omit it to keep none extra), "
                              f"got {keep_every}")
-        with store_errors(where):
+        with _unreachable_exits(), store_errors(where):
             fs, root = _open(where)
             infos = list_checkpoints(fs, root)
             checkpoints = [(info.step, info.path) for info in infos if info.is_folder]
@@ -251,17 +289,21 @@ def register(app: typer.Typer) -> None:
             if incomplete:
                 doomed.update(plan.incomplete)
             doomed = dict(sorted(doomed.items()))
-            if not dry_run:
-                for path in doomed.values():
+            not_deleted: list[dict[str, Any]] = []  # one that cannot be deleted (a permission) never stops the rest
+            for step, path in [] if dry_run else list(doomed.items()):
+                try:
                     if is_local(fs):
                         remove_tree(Path(path))
                     else:
                         delete_checkpoint(fs, path)
+                except OSError as error:
+                    not_deleted.append({"step": step, "path": path, "reason": error.strerror or str(error)})
+                    del doomed[step]
         damaged: list[dict[str, Any]] = [{"step": step, "path": path, "problems": problems}
                    for step, (path, problems) in plan.damaged.items()]
         not_folders = [{"step": info.step, "path": info.path} for info in infos if not info.is_folder]
         data = {"root": where, "dry_run": dry_run, "deleted": list(doomed.values()), "kept": list(plan.keep.values()),
-                "damaged": damaged, "not_folders": not_folders}
+                "damaged": damaged, "not_folders": not_folders, "not_deleted": not_deleted}
 
         def render(console: Console) -> None:
             verb = "would delete" if dry_run else "deleted"
@@ -279,53 +321,77 @@ def register(app: typer.Typer) -> None:
                             f"(see `gpufleet ckpt verify {where}`)")
             console.print(summary, soft_wrap=True)
 
+        if not_deleted:
+            Output(json).check_failed(f"{len(not_deleted)} checkpoint(s) could not be deleted: " + "; ".join(
+                f"step {item['step']} ({item['path']}): {item['reason']}" for item in not_deleted), data, render)
         Output(json).emit(data, render)
 
-    def _copy(src: str, dst: str, step: int | None, max_mib_per_s: float | None, json: bool, verb: str) -> None:
-        from gpufleet.runtime.checkpoint.errors import CheckpointError
-        from gpufleet.runtime.checkpoint.names import join
-        from gpufleet.runtime.checkpoint.store import TransferPolicy, install_checkpoint, list_checkpoints, store_errors
-        from gpufleet.runtime.checkpoint.verify import verify_checkpoint
+    def _copy(src: str, dst: str, step: int | None, max_mib_per_s: float | None, deadline_s: float, json: bool,
+              verb: str) -> None:
+        from gpufleet.runtime.checkpoint.store import TransferPolicy
 
         _check_step(step)
         if max_mib_per_s is not None and max_mib_per_s <= 0:
             raise InputError(f"--max-mib-per-s must be a positive number of MiB/s (omit it for no cap), "
                              f"got {max_mib_per_s:g}")
-        policy = TransferPolicy(max_bytes_per_s=None if max_mib_per_s is None else max_mib_per_s * 2**20)
-        with store_errors(src):
-            src_fs, src_root = _open(src)
-        with store_errors(dst):
-            overlap = _overlap(src_fs, src_root, *_open_url(dst))
-            if overlap is not None:
-                raise InputError(f"source and destination {overlap} ({src} and {dst}): give a destination root "
-                                 f"outside the source (and not containing it)")
-        with store_errors(src):
-            infos = [i for i in list_checkpoints(src_fs, src_root)
-                     if i.has_manifest and (step is None or i.step == step)]
+        if not deadline_s > 0:
+            raise InputError(f"--deadline must be a positive number of seconds, got {deadline_s:g}")
+        policy = TransferPolicy(max_bytes_per_s=None if max_mib_per_s is None else max_mib_per_s * 2**20,
+                                max_attempts=None, deadline_s=deadline_s)
+        # each retry is logged as a warning; here the outcome (one line, with the attempts) is what a user reads
+        logging.getLogger("gpufleet.runtime.checkpoint").addHandler(logging.NullHandler())
+        with _unreachable_exits(deadline_s):
+            _copy_steps(src, dst, step, policy, Output(json), verb)
+
+    def _copy_steps(src: str, dst: str, step: int | None, policy: Any, out: Output, verb: str) -> None:
+        """Copy each complete step of `src` into `dst`; a store that does not answer within the policy's deadline
+        raises StoreUnreachableError (at any point: the steps already copied stay copied)."""
+        from gpufleet.runtime.checkpoint.errors import CheckpointError, StoreUnreachableError
+        from gpufleet.runtime.checkpoint.names import join
+        from gpufleet.runtime.checkpoint.store import install_checkpoint, list_checkpoints, store_errors, with_retries
+        from gpufleet.runtime.checkpoint.verify import verify_checkpoint
+
+        def reach(action: Any, url: str, what: str) -> Any:
+            with store_errors(url):
+                return with_retries(action, what, policy)
+
+        src_fs, src_root = reach(lambda: _open(src, policy.deadline_s), src, f"open {src}")
+        overlap = reach(lambda: _overlap(src_fs, src_root, *_open_url(dst, policy.deadline_s)), dst, f"open {dst}")
+        if overlap is not None:
+            raise InputError(f"source and destination {overlap} ({src} and {dst}): give a destination root "
+                             f"outside the source (and not containing it)")
+        infos = [i for i in reach(lambda: list_checkpoints(src_fs, src_root), src, f"list {src}")
+                 if i.has_manifest and (step is None or i.step == step)]
         if step is not None and not infos:
             raise CheckpointError(f"no complete checkpoint step {step} in {src}")
-        out = Output(json)
         if not infos:
             out.check_failed(f"no complete checkpoints found in {src} (no step_… folder with a manifest): nothing "
                              f"{verb}", {"from": src, "to": dst, "copied": [], "not_copied": []})
-        with store_errors(dst):
-            dst_fs, dst_root = _destination(dst)
+        dst_fs, dst_root = reach(lambda: _destination(dst, policy.deadline_s), dst, f"open {dst}")
         copied: list[dict[str, Any]] = []
         not_copied: list[dict[str, Any]] = []  # a damaged source, or a destination step refused
         for info in infos:  # each step on its own: one bad step never stops the good ones after it
             target = join(dst_root, info.path.rstrip("/").rsplit("/", 1)[-1])
-            with store_errors(f"{src} -> {dst}"):
-                report = verify_checkpoint(src_fs, info.path)
-                if not report.ok:
-                    not_copied.append({"step": info.step, "reason": f"{info.path} does not verify: "
-                                       + "; ".join(report.problems)})
-                    continue
-                try:
+            report = reach(lambda info=info: verify_checkpoint(src_fs, info.path), src, f"verify {info.path}")
+            if not report.ok:
+                not_copied.append({"step": info.step, "reason": f"{info.path} does not verify: "
+                                   + "; ".join(report.problems)})
+                continue
+            try:
+                with store_errors(f"{src} -> {dst}"):
                     manifest, fresh = install_checkpoint(src_fs, info.path, dst_fs, target, policy)
-                except CheckpointError as error:
-                    not_copied.append({"step": info.step, "reason": str(error)})
-                    continue
+            except StoreUnreachableError as error:  # every later step would wait out the deadline too: stop here
+                done = ", ".join(str(item["step"]) for item in copied) or "none"
+                raise StoreUnreachableError(f"{error} (steps copied before: {done})") from error
+            except CheckpointError as error:
+                not_copied.append({"step": info.step, "reason": str(error)})
+                continue
             copied.append({"step": info.step, "to": target, "size_bytes": manifest.total_bytes, "copied": fresh})
+        _copied(out, {"from": src, "to": dst, "copied": copied, "not_copied": not_copied}, verb)
+
+    def _copied(out: Output, data: dict[str, Any], verb: str) -> None:
+        """What a copy did, for people or as JSON; exit 1 naming the steps not copied."""
+        copied, not_copied = data["copied"], data["not_copied"]
 
         def render(console: Console) -> None:
             for item in copied:
@@ -336,7 +402,6 @@ def register(app: typer.Typer) -> None:
             done = sum(1 for item in copied if item["copied"])
             console.print(f"{verb} {done} checkpoint(s), {len(copied) - done} already there")
 
-        data: dict[str, Any] = {"from": src, "to": dst, "copied": copied, "not_copied": not_copied}
         if not_copied:  # the good steps are across (and listed); say which were not, and fail the check
             out.check_failed(f"{len(not_copied)} checkpoint(s) not {verb}: " + "; ".join(
                 f"step {item['step']}: {item['reason']}" for item in not_copied), data, render)
@@ -351,6 +416,7 @@ def register(app: typer.Typer) -> None:
         url: str = typer.Argument(..., help="Destination, e.g. s3://bucket/run-7."),
         step: int = StepOption,
         max_mib_per_s: float = BandwidthOption,
+        deadline: float = DeadlineOption,
         json: bool = JsonOption,
     ) -> None:
         """Upload verified complete checkpoints; each manifest goes last.
@@ -360,10 +426,11 @@ def register(app: typer.Typer) -> None:
         left untouched (a different checkpoint or an unreadable one, a folder holding anything this checkpoint does
         not, a file): nothing else is ever overwritten. A damaged or refused step does not stop the others; the
         command then exits 1 naming it. Source and destination must be separate places, neither inside the other.
+        A store that does not answer is retried for --deadline seconds, then the command exits 3.
 
         Example: `gpufleet ckpt upload /checkpoints/run7 s3://bucket/run7 --max-mib-per-s 500`
         """
-        _copy(root, url, step, max_mib_per_s, json, "uploaded")
+        _copy(root, url, step, max_mib_per_s, deadline, json, "uploaded")
 
     @group.command("download")
     def download(
@@ -371,6 +438,7 @@ def register(app: typer.Typer) -> None:
         root: str = typer.Argument(..., help="Local checkpoint root."),
         step: int = StepOption,
         max_mib_per_s: float = BandwidthOption,
+        deadline: float = DeadlineOption,
         json: bool = JsonOption,
     ) -> None:
         """Download complete checkpoints, verified first, into a hidden folder renamed into place when whole.
@@ -380,8 +448,8 @@ def register(app: typer.Typer) -> None:
         left untouched (a different checkpoint or an unreadable one, a folder holding anything this checkpoint does
         not, a file); an interrupted download leaves the destination as it was. A damaged or refused step does not
         stop the others; the command then exits 1. Source and destination must be separate places, neither inside
-        the other.
+        the other. A store that does not answer is retried for --deadline seconds, then the command exits 3.
 
         Example: `gpufleet ckpt download s3://bucket/run7 /checkpoints/run7 --step 1200`
         """
-        _copy(url, root, step, max_mib_per_s, json, "downloaded")
+        _copy(url, root, step, max_mib_per_s, deadline, json, "downloaded")

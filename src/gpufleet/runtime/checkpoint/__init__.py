@@ -7,7 +7,9 @@ from gpufleet.runtime.checkpoint.errors import (
     CheckpointError,
     CheckpointNameError,
     CorruptCheckpointError,
+    StoreUnreachableError,
     TransferError,
+    UnloadableValueError,
 )
 from gpufleet.runtime.checkpoint.manager import CheckpointManager, SaveStats
 from gpufleet.runtime.checkpoint.manifest import CHECKSUM, MANIFEST_NAME, FileEntry, Manifest
@@ -33,8 +35,10 @@ __all__ = [
     "Manifest",
     "RetentionPlan",
     "SaveStats",
+    "StoreUnreachableError",
     "TransferError",
     "TransferPolicy",
+    "UnloadableValueError",
     "VerifyReport",
     "check_complete",
     "install_checkpoint",

@@ -2,8 +2,12 @@
 
 DCP stores non-tensor values with `torch.save` and reads them back with `torch.load(weights_only=False)`,
 and it unpickles its `.metadata` file with plain `pickle.load`. Here both go through restricted loaders:
-values use `weights_only=True`, and the metadata unpickler admits only DCP's own record classes, torch
-sizes and dtypes, and plain containers.
+values use `weights_only=True` (NumPy arrays and scalars admitted: `values.numpy_allowed`), and the metadata
+unpickler admits only DCP's own record classes, torch sizes and dtypes, and plain containers.
+
+An error reading a file of the checkpoint (a permission refused, an I/O error) is that checkpoint's damage
+(CorruptCheckpointError naming the file); anything else DCP raises comes out as one CheckpointError, never as
+torch's raw CheckpointException.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from gpufleet.runtime.checkpoint.streamread import (
     tensor_bytes,
     tensor_record,
 )
+from gpufleet.runtime.checkpoint.values import numpy_allowed
 
 WRITE_THREADS = 2
 """DCP writer threads per rank: each writes its own shard file (`__{rank}_{i}.distcp`), so the
@@ -126,10 +131,17 @@ def read_verified(path: Path, expected: FileEntry, *, keep: bool = True) -> memo
     """
     where, name = str(path.parent), path.name
     try:
-        handle = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+        return _read_verified(path, expected, keep=keep)
     except FileNotFoundError as error:
         raise CorruptCheckpointError(where, [f"{name}: missing"]) from error
-    with handle:
+    except OSError as error:
+        raise CorruptCheckpointError(where, [f"{name}: cannot be read ({error.strerror or error})"]) from error
+
+
+def _read_verified(path: Path, expected: FileEntry, *, keep: bool) -> memoryview | None:
+    """`read_verified`, letting an OSError through."""
+    where, name = str(path.parent), path.name
+    with open(path, "rb", buffering=0) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size != expected.size_bytes:
             raise CorruptCheckpointError(where, [f"{name}: size {size} bytes, manifest says {expected.size_bytes}"])
@@ -322,7 +334,8 @@ class _SafeBytesMixin:
     mappings: dict[str, Any]
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        loaded = torch.load(value, weights_only=True, map_location="cpu")
+        with numpy_allowed():
+            loaded = torch.load(value, weights_only=True, map_location="cpu")
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
@@ -461,6 +474,15 @@ def write(state_dict: dict[str, Any], path: Path, process_group: Any | None) -> 
             if entry is not None and Path(name).parent == Path(path)}
 
 
+def _summary(failures: list[BaseException]) -> str:
+    """The first line of the first failure DCP collected, for a one-line message."""
+    if not failures:
+        return ""
+    first = failures[0]
+    text = (str(first).strip().splitlines() or [type(first).__name__])[0]
+    return f"{type(first).__name__}: {text[:300]}"
+
+
 def read(path: Path, template: dict[str, Any] | None, process_group: Any | None,
          expected: dict[str, FileEntry] | None = None) -> dict[str, Any]:
     """Load a checkpoint; into `template` (resharding to its layout) or, without one, whole.
@@ -491,10 +513,11 @@ def read(path: Path, template: dict[str, Any] | None, process_group: Any | None,
                          no_dist=no_dist)
             return template
         except CheckpointException as error:
-            for failure, _ in error.failures.values():  # DCP wraps what a storage reader raised
+            failures = [failure for failure, _ in error.failures.values()]  # what each rank's reader raised
+            for failure in failures:
                 if isinstance(failure, CorruptCheckpointError):
                     raise failure from error
-            raise
+            raise CheckpointError(f"{path} cannot be loaded: {_summary(failures) or error}") from error
     except CorruptCheckpointError as error:
         error.partial_template = template is not None and isinstance(reader, VerifiedReader) and reader.touched
         raise

@@ -26,3 +26,16 @@ class CorruptCheckpointError(CheckpointError):
 
 class TransferError(CheckpointError):
     """An upload or download to object storage failed after every retry."""
+
+
+class StoreUnreachableError(TransferError):
+    """The store did not answer (connection refused or timed out, HTTP 5xx) until the retries or the deadline ran
+    out: not damage, not a refusal; trying again later may succeed."""
+
+
+class UnloadableValueError(CheckpointError, InputError):
+    """A state dict holds a value that loading (weights-only) would refuse; `key` names where it is."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)

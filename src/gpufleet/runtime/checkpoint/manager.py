@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
@@ -48,10 +47,14 @@ from gpufleet.runtime.checkpoint.store import (
     list_checkpoints,
     open_url,
 )
+from gpufleet.runtime.checkpoint.uploads import Uploader
 from gpufleet.runtime.checkpoint.verify import check_complete, verify_checkpoint
 
 log = logging.getLogger(__name__)
 BusyPolicy = Literal["wait", "skip"]
+CLOSE_UPLOAD_TIMEOUT_S = 300.0
+"""Judgement call: how long `close()` keeps retrying failed uploads by default; long enough to ride out a store's
+brief outage, short enough that a job whose store is gone still exits (its checkpoints stay on local disk)."""
 
 
 @dataclass(frozen=True)
@@ -110,18 +113,17 @@ class CheckpointManager:
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
         self._last_committed: int | None = None
+        self._found_damaged: dict[int, list[str]] = {}
+        """Steps a load of this manager skipped as damaged (step -> why): never counted by retention."""
         self.last_stats: SaveStats | None = None
-        self._uploads: queue.Queue[int | None] = queue.Queue()
-        self._upload_errors: list[str] = []
-        self._uploaded: set[int] = set()
-        self._uploader: threading.Thread | None = None
+        self._uploader: Uploader | None = None
         self._closed = False
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             self._sweep()
             if self._remote is not None:
-                self._uploader = threading.Thread(target=self._upload_loop, name="ckpt-upload", daemon=True)
-                self._uploader.start()
+                self._uploader = Uploader(self._upload, retry_after_s=self.transfer.retry_after_s,
+                                          retry_max_s=self.transfer.retry_max_s)
         self._barrier(self._ctl_group)
 
     # -- public API -------------------------------------------------------------------------------
@@ -132,10 +134,12 @@ class CheckpointManager:
 
         Returns False when the save was skipped (policy `"skip"` and a save still in flight), True
         otherwise. With `blocking=True` it returns once the checkpoint is committed and durable. A
-        failure of an earlier background save is raised here as CheckpointError.
+        failure of an earlier background save is raised here as CheckpointError. A value that loading would
+        refuse (`values.check_loadable`) raises UnloadableValueError naming its key, before anything is written.
         """
         self._check_open()
         step_dirname(step)
+        self._check_loadable(state_dict)
         self._raise_pending_error()
         busy = self._pending is not None and self._pending.is_alive()
         if self.if_busy == "skip" and self._any_rank(busy):
@@ -164,20 +168,20 @@ class CheckpointManager:
         self._raise_pending_error()
 
     def wait_uploads(self, timeout_s: float | None = None) -> None:
-        """Block until every queued upload has been attempted (rank 0); raise if any failed."""
-        if self._uploader is None:
-            return
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self._uploads.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                raise CheckpointError(f"uploads still running after {timeout_s} s")
-            time.sleep(0.02)
-        if self._upload_errors:
-            errors, self._upload_errors = self._upload_errors, []
-            raise CheckpointError("; ".join(errors))
+        """Block until every queued upload has been attempted (rank 0); raise if any failed since the last call.
 
-    def close(self) -> None:
-        """Finish the save in flight and the queued uploads, then stop background work."""
+        A step whose upload failed stays pending: later saves queue it again once its backoff has passed, and
+        `close()` retries it (see `uploads.Uploader`).
+        """
+        if self._uploader is not None:
+            self._uploader.wait(timeout_s)
+
+    def close(self, upload_timeout_s: float | None = CLOSE_UPLOAD_TIMEOUT_S) -> None:
+        """Finish the save in flight and the queued uploads, retrying failed uploads for up to `upload_timeout_s`
+        (None: until every one lands or retention supersedes it), then stop background work.
+
+        Raises CheckpointError naming the steps still not in the store after that; they stay on local disk.
+        """
         if self._closed:
             return
         try:
@@ -185,8 +189,7 @@ class CheckpointManager:
         finally:
             self._closed = True
             if self._uploader is not None:
-                self._uploads.put(None)
-                self._uploader.join()
+                self._uploader.close(upload_timeout_s)
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -201,11 +204,17 @@ class CheckpointManager:
 
     @property
     def uploaded_steps(self) -> set[int]:
-        return set(self._uploaded)
+        """Steps this manager has copied to the store."""
+        return set(self._uploader.uploaded) if self._uploader is not None else set()
+
+    @property
+    def failed_uploads(self) -> list[int]:
+        """Steps whose upload failed and will be tried again (by a later save or `close()`)."""
+        return self._uploader.failed_steps if self._uploader is not None else []
 
     def steps(self) -> list[int]:
         """Committed local steps (a manifest is present), oldest first; not checksummed."""
-        return [s for s, path in self._local_dirs() if (path / MANIFEST_NAME).exists()]
+        return [s for s, path in self._local_dirs() if os.path.lexists(path / MANIFEST_NAME)]
 
     def load_latest(self, template: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
         """The newest checkpoint whose manifest verifies, as `(step, state_dict)`, or None.
@@ -351,50 +360,61 @@ class CheckpointManager:
         if os.path.lexists(final) and not _is_complete_checkpoint(final):
             _set_aside(final, f"saving step {step}", "it is not a complete checkpoint")
         # an earlier complete save of this very step is superseded: deleted only once the new one is in place
-        replace_dir(tmp, final)
-        atomic_write(self.root / LATEST_NAME, f"{final.name}\n".encode())
-        self._durable_at_s = time.perf_counter()
-        self._retain()
-        if self._remote is not None:
-            self._uploads.put(step)
+        replace_dir(tmp, final)  # the commit: from here on, nothing may report this save as failed
+        self._found_damaged.pop(step, None)  # a damaged copy of this step was set aside or replaced
+        self._after_commit(step, final)
         return None
 
+    def _after_commit(self, step: int, final: Path) -> None:
+        """Move `latest`, apply retention, queue the upload: each failure is logged, none undoes the commit.
+
+        Loading never reads `latest` (it lists the step folders), so a `latest` that could not be moved, or old
+        checkpoints that could not be deleted, leave every committed checkpoint loadable.
+        """
+        try:
+            atomic_write(self.root / LATEST_NAME, f"{final.name}\n".encode())
+        except OSError as error:
+            log.warning("checkpoint step %d is committed, but %s could not be updated: %s", step,
+                        self.root / LATEST_NAME, error)
+        self._durable_at_s = time.perf_counter()
+        try:
+            self._retain()
+        except Exception as error:  # a committed save is never reported as failed
+            log.warning("checkpoint step %d is committed, but retention failed: %s", step, error)
+        if self._uploader is not None:
+            self._uploader.submit(step)  # ...and any failed upload whose backoff has passed
+
     def _retain(self) -> None:
-        """Delete old complete checkpoints; damaged ones are never counted towards `keep_last` nor deleted."""
+        """Delete old complete checkpoints; damaged ones are never counted towards `keep_last` nor deleted.
+
+        One checkpoint that cannot be deleted (a permission refused) is logged and left; the others still go.
+        """
         plan = plan_retention(_local_fs(), [(step, str(path)) for step, path in self._local_dirs()],
-                              self.keep_last, self.keep_every)
+                              self.keep_last, self.keep_every, known_damaged=self._found_damaged)
         for path, problems in plan.damaged.values():
             log.warning("checkpoint %s is damaged (%s); retention leaves it in place and does not count it",
                         path, "; ".join(problems))
-        for path in plan.delete.values():
-            remove_tree(Path(path))
+        for step, path in plan.delete.items():
+            try:
+                remove_tree(Path(path))
+            except OSError as error:
+                log.warning("retention could not delete %s: %s; left in place", path, error)
+                continue
+            if self._uploader is not None:
+                self._uploader.forget(step)  # a failed upload of it is superseded
 
     # -- upload and restore -----------------------------------------------------------------------
 
-    def _upload_loop(self) -> None:
-        while True:
-            step = self._uploads.get()
-            try:
-                if step is None:
-                    return
-                self._upload(step)
-            except Exception as error:
-                log.error("upload of step %s failed: %s", step, error)
-                self._upload_errors.append(f"upload of step {step}: {error}")
-            finally:
-                self._uploads.task_done()
-
-    def _upload(self, step: int) -> None:
-        assert_remote = self._remote
-        if assert_remote is None:
-            return
-        fs, base = assert_remote
+    def _upload(self, step: int) -> bool:
+        """Copy local `step` to the store (the upload thread); False when retention deleted it meanwhile."""
+        if self._remote is None:
+            return False
+        fs, base = self._remote
         local = self.root / step_dirname(step)
         if not local.exists():
-            log.warning("step %d was pruned before its upload; skipped", step)
-            return
+            return False
         install_checkpoint(_local_fs(), str(local), fs, join(base, step_dirname(step)), self.transfer)
-        self._uploaded.add(step)
+        return True
 
     def _restore_from_store(self) -> int | None:
         if self._remote is None:
@@ -413,7 +433,7 @@ class CheckpointManager:
                 log.warning("download of %s failed: %s", info.path, error)
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue
-            report = verify_checkpoint(_local_fs(), str(tmp))
+            report = verify_checkpoint(_local_fs(), str(tmp), step=info.step)
             if not report.ok:
                 log.warning("downloaded checkpoint %s is damaged (%s); skipped", info.path,
                             "; ".join(report.problems))
@@ -435,15 +455,16 @@ class CheckpointManager:
     # -- loading ----------------------------------------------------------------------------------
 
     def _choose_latest(self) -> int | None:
+        """The newest local step that verifies in full (with `verify_on_load`; else whose manifest reads and is of
+        that step), else the one restored from the store, else None; each skipped step is logged with why."""
         for step, path in reversed(self._local_dirs()):
-            if not (path / MANIFEST_NAME).exists():
-                log.warning("checkpoint %s has no manifest (incomplete); skipped", path)
-                continue
             if self.verify_on_load:
-                report = verify_checkpoint(_local_fs(), str(path))
-                if not report.ok:
-                    log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(report.problems))
-                    continue
+                problems = verify_checkpoint(_local_fs(), str(path)).problems
+            else:
+                problems = _manifest_problems(path)
+            if problems:
+                self._skip(step, path, problems)
+                continue
             return step
         return self._restore_from_store()
 
@@ -458,17 +479,14 @@ class CheckpointManager:
         """
         damaged: list[str] = []
         for step, path in reversed(self._local_dirs()):
-            if not (path / MANIFEST_NAME).exists():
-                log.warning("checkpoint %s has no manifest (incomplete); skipped", path)
-                continue
             report = verify_checkpoint(_local_fs(), str(path), checksums=False)
             if not report.ok or report.manifest is None:
-                log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(report.problems))
+                self._skip(step, path, report.problems)
                 continue
             try:
                 return step, self._read(step, template, report.manifest.files)
             except CorruptCheckpointError as error:
-                log.warning("checkpoint %s is damaged and was skipped: %s", path, "; ".join(error.problems))
+                self._skip(step, path, error.problems)
                 if error.partial_template:
                     damaged.extend(error.problems)
         restored = self._restore_from_store()  # verified in full after the download
@@ -481,6 +499,13 @@ class CheckpointManager:
             failure.partial_template = True
             raise failure
         return None
+
+    def _skip(self, step: int, path: Path, problems: list[str]) -> None:
+        """Say which checkpoint a load passed over, and why; a damaged one (its manifest is there) is remembered so
+        that retention never counts it."""
+        log.warning("checkpoint %s is damaged or incomplete and was skipped: %s", path, "; ".join(problems))
+        if os.path.lexists(path / MANIFEST_NAME):
+            self._found_damaged[step] = list(problems)
 
     def _read(self, step: int, template: dict[str, Any] | None,
               expected: dict[str, FileEntry] | None = None) -> dict[str, Any]:
@@ -566,9 +591,37 @@ class CheckpointManager:
                 raise error
             raise CheckpointError(f"background checkpoint save failed: {error}") from error
 
+    def _check_loadable(self, state_dict: dict[str, Any]) -> None:
+        """Refuse, on every rank alike, a state dict that some rank could save but never load back."""
+        from gpufleet.runtime.checkpoint.values import check_loadable
+
+        refusal: CheckpointError | None = None
+        try:
+            check_loadable(state_dict)
+        except CheckpointError as error:
+            refusal = error
+        if refusal is not None and self.world_size > 1:
+            log.error("rank %d: %s", self.rank, refusal)
+        if self._any_rank(refusal is not None):
+            raise refusal or CheckpointError("another rank's state dict holds a value that loading would refuse "
+                                             "(its log names the key); nothing was saved")
+
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed")
+
+
+def _manifest_problems(path: Path) -> list[str]:
+    """Why the manifest of the checkpoint at `path` does not read as one of its step (empty: it does)."""
+    from gpufleet.runtime.checkpoint.verify import read_manifest
+
+    try:
+        read_manifest(_local_fs(), str(path))
+    except CorruptCheckpointError as error:
+        return error.problems
+    except CheckpointError as error:  # a bad file name listed in it
+        return [str(error)]
+    return []
 
 
 def _is_complete_checkpoint(path: Path) -> bool:

@@ -2,25 +2,64 @@
 
 A checkpoint directory is committed exactly when its `manifest.json` exists under its final name. The
 manifest carries a checksum of its own body, so a flipped bit inside the manifest is caught too.
+
+A manifest is read as untrusted input: at most MAX_MANIFEST_BYTES, its JSON nesting measured before it is
+parsed (so no nesting can exhaust the parser's recursion), and every field checked for its type and range
+(so `1e400` or `true` where a step belongs is damage, not an OverflowError).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import numpy as np
 import xxhash
 
 from gpufleet.runtime.checkpoint.errors import CorruptCheckpointError
-from gpufleet.runtime.checkpoint.names import check_relpath
+from gpufleet.runtime.checkpoint.names import MAX_STEP, check_relpath
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "gpufleet-checkpoint/1"
 CHECKSUM = "xxh3_128"
 CHUNK_BYTES = 8 * 1024 * 1024
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+"""Judgement call: a manifest entry is ~110 bytes, so this holds ~300,000 files (two shards per rank of a
+100,000-rank job) plus user metadata; anything larger is not a manifest this code wrote."""
+MAX_JSON_DEPTH = 64
+"""Judgement call: the manifest itself nests 3 deep; the rest is room for user metadata (`save(metadata=…)`)."""
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)  # possessive: no backtracking stack
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[list(b"[{")] = 1
+_BRACKET_STEP[list(b"]}")] = -1
+
+
+def json_depth(data: bytes) -> int:
+    """How deep `[` and `{` nest in the JSON text `data` (brackets inside strings ignored), without parsing it.
+
+    Strings are cut out by one linear regular expression, what remains is reduced to its brackets, and the depth
+    is the peak of their running sum: no recursion, so any nesting is measured in time linear in `len(data)`.
+    """
+    skeleton = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if not skeleton:
+        return 0
+    running = np.cumsum(_BRACKET_STEP[np.frombuffer(skeleton, dtype=np.uint8)], dtype=np.int64)
+    return int(running.max())
+
+
+def loads_bounded(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads(data)` for untrusted text: ValueError when it nests deeper than `max_depth` (checked first)."""
+    depth = json_depth(data)
+    if depth > max_depth:
+        raise ValueError(f"JSON nested {depth} levels deep, more than the {max_depth} allowed")
+    return json.loads(data)
 
 
 @dataclass(frozen=True)
@@ -68,9 +107,17 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
-        """Parse and check a manifest; any damage raises CorruptCheckpointError naming `where`."""
+        """Parse and check a manifest; any damage raises CorruptCheckpointError naming `where`.
+
+        Damage includes text too large or nested too deep, numbers out of range (`1e400`), and a field of the
+        wrong type: every field is checked, none is coerced.
+        """
         try:
-            body = json.loads(data)
+            if len(data) > MAX_MANIFEST_BYTES:
+                raise ValueError(f"more than {MAX_MANIFEST_BYTES} bytes")
+            body = loads_bounded(data)
+            if not isinstance(body, dict):
+                raise ValueError(f"a JSON {type(body).__name__}, not an object")
             claimed = body.pop("manifest_checksum")
             if _digest_of(body) != claimed:
                 raise CorruptCheckpointError(where, [f"{MANIFEST_NAME}: its own checksum does not match"])
@@ -78,22 +125,57 @@ class Manifest:
                 raise CorruptCheckpointError(
                     where, [f"{MANIFEST_NAME}: format {body['format']!r}/{body['checksum']!r} is not {FORMAT}"]
                 )
-            files = {
-                check_relpath(str(name)): FileEntry(int(entry["size_bytes"]), str(entry["checksum"]))
-                for name, entry in body["files"].items()
-            }
             return cls(
-                step=int(body["step"]),
-                world_size=int(body["world_size"]),
-                files=files,
-                framework=dict(body["framework"]),
-                user=dict(body["user"]),
-                created_unix_s=float(body["created_unix_s"]),
+                step=_whole(body, "step", 0, MAX_STEP),
+                world_size=_whole(body, "world_size", 1, None),
+                files=_files(_object(body, "files")),
+                framework=_object(body, "framework"),
+                user=_object(body, "user"),
+                created_unix_s=_finite(body, "created_unix_s"),
             )
         except CorruptCheckpointError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptCheckpointError(where, [f"{MANIFEST_NAME}: unreadable ({error})"]) from error
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as error:
+            raise CorruptCheckpointError(where, [f"{MANIFEST_NAME}: unreadable ({_short(error)})"]) from error
+
+
+def _whole(body: dict[str, Any], key: str, low: int, high: int | None) -> int:
+    """`body[key]`, which must be a JSON integer (not a float, not a bool) in [low, high]."""
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} is {_short(value)}, not a whole number")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{key} {_short(value)} is outside [{low}, {high if high is not None else '…'}]")
+    return value
+
+
+def _finite(body: dict[str, Any], key: str) -> float:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} is {_short(value)}, not a finite number")
+    return float(value)
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body[key]
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _files(listed: dict[str, Any]) -> dict[str, FileEntry]:
+    files = {}
+    for name, entry in listed.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("checksum"), str):
+            raise ValueError(f"files[{_short(name)}] is not a {{size_bytes, checksum}} record")
+        files[check_relpath(name)] = FileEntry(_whole(entry, "size_bytes", 0, None), entry["checksum"])
+    return files
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """`repr`/`str` of something read from a damaged file, cut to `limit` characters for a one-line message."""
+    text = str(value) if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _digest_of(body: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ a damaged newer checkpoint cannot push a good older one out of the kept set.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,17 +46,23 @@ class RetentionPlan:
 
 
 def plan_retention(fs: Any, checkpoints: Sequence[tuple[int, str]], keep_last: int,
-                   keep_every: int | None = None, *, checksums: bool = False) -> RetentionPlan:
+                   keep_every: int | None = None, *, checksums: bool = False,
+                   known_damaged: Mapping[int, list[str]] | None = None) -> RetentionPlan:
     """Sort `(step, path)` checkpoints into delete / keep / damaged / incomplete.
 
     Every checkpoint is checked with `check_complete`. With `checksums`, the newest complete ones are
     also read in full, newest first, until `keep_last` of them verify: only those count as kept, so bit
-    rot in a newer checkpoint cannot cost an older good one. Damaged checkpoints are left alone.
+    rot in a newer checkpoint cannot cost an older good one. Damaged checkpoints are left alone. Steps in
+    `known_damaged` (step -> problems: found damaged by a load that read their bytes) are damaged without
+    further checks, so a checkpoint that failed to load never counts towards `keep_last`.
     """
     steps_to_delete([], keep_last, keep_every)  # validates both
     plan = RetentionPlan()
     good: dict[int, str] = {}
     for step, path in sorted(checkpoints):
+        if known_damaged and step in known_damaged:
+            plan.damaged[step] = (path, list(known_damaged[step]))
+            continue
         report = check_complete(fs, path)
         if report.ok:
             good[step] = path

@@ -11,6 +11,7 @@ only once whole and durable.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -22,10 +23,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet.errors import GpufleetError
-from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransferError
-from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, replace_dir
+from gpufleet.runtime.checkpoint.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    StoreUnreachableError,
+    TransferError,
+)
+from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, is_local, replace_dir
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
 from gpufleet.runtime.checkpoint.names import SET_ASIDE_MARK, TMP_PREFIX, join, parse_step
+from gpufleet.runtime.checkpoint.reach import is_unreachable
 from gpufleet.runtime.checkpoint.verify import (
     NOT_A_FOLDER,
     check_complete,
@@ -41,22 +48,38 @@ MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest multipart part
 
 @dataclass(frozen=True)
 class TransferPolicy:
-    """How to copy to or from object storage."""
+    """How to copy to or from object storage.
+
+    Each store request that fails transiently is tried up to `max_attempts` times with exponential backoff and
+    jitter (`backoff_s` doubling up to `backoff_max_s`), and, with `deadline_s`, for no longer than that since its
+    first failure. A background upload that still fails is tried again `retry_after_s` later (doubling up to
+    `retry_max_s`) by a later save or `close()`. The defaults are judgement calls.
+    """
 
     part_bytes: int = 16 * 1024 * 1024
-    max_attempts: int = 5
+    max_attempts: int | None = 5
+    """None: no count limit (`deadline_s` then decides)."""
     backoff_s: float = 0.5
     backoff_max_s: float = 10.0
     max_bytes_per_s: float | None = None
+    deadline_s: float | None = None
+    retry_after_s: float = 5.0
+    retry_max_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.part_bytes < MIN_PART_BYTES:
             raise CheckpointError(f"part_bytes must be at least {MIN_PART_BYTES} (S3's minimum part), "
                                   f"got {self.part_bytes}")
-        if self.max_attempts < 1:
+        if self.max_attempts is None and self.deadline_s is None:
+            raise CheckpointError("max_attempts=None needs a deadline_s, or a failing request is retried forever")
+        if self.max_attempts is not None and self.max_attempts < 1:
             raise CheckpointError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if self.max_bytes_per_s is not None and self.max_bytes_per_s <= 0:
             raise CheckpointError(f"max_bytes_per_s must be positive, got {self.max_bytes_per_s}")
+        for name in ("deadline_s", "retry_after_s", "retry_max_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise CheckpointError(f"{name} must be a positive number of seconds, got {value}")
 
 
 @dataclass(frozen=True)
@@ -85,9 +108,15 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[A
     return fs, path.rstrip("/") or path  # "/" stays "/"; "s3://" gives "" (no bucket)
 
 
-def is_local(fs: Any) -> bool:
-    """Whether `fs` is the local disk (where a directory rename is atomic)."""
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+def bounded_storage_options(url: str, deadline_s: float) -> dict[str, Any]:
+    """fsspec options that keep one request to the store at `url` from outlasting `deadline_s`: for S3, connect and
+    read timeouts within it and botocore's own retries off (`with_retries` does the retrying, within the deadline);
+    nothing for other stores. Judgement call: a connect timeout of at most 5 s (a store that answers at all answers
+    a connection in well under a second)."""
+    if not url.startswith(("s3://", "s3a://")):
+        return {}
+    return {"config_kwargs": {"connect_timeout": min(5.0, deadline_s), "read_timeout": max(1.0, deadline_s),
+                              "retries": {"mode": "standard", "total_max_attempts": 1}}}
 
 
 def _credentials_errors() -> tuple[type[BaseException], ...]:
@@ -109,7 +138,7 @@ def _store_errors() -> tuple[type[BaseException], ...]:
 @contextlib.contextmanager
 def store_errors(url: str) -> Iterator[None]:
     """Turn what a store or a disk raises (missing credentials, a refused connection, an OSError) into one
-    CheckpointError that names `url` and says what to do."""
+    CheckpointError that names `url` and says what to do: StoreUnreachableError when the store did not answer."""
     try:
         yield
     except GpufleetError:
@@ -119,8 +148,11 @@ def store_errors(url: str) -> Iterator[None]:
             f"no credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
             f"(a profile in ~/.aws/credentials) ({type(error).__name__})") from error
     except _store_errors() as error:
-        raise CheckpointError(f"cannot reach the store for {url}: {error}") from error
+        kind = StoreUnreachableError if is_unreachable(error) else CheckpointError
+        raise kind(f"cannot reach the store for {url}: {error}") from error
     except OSError as error:
+        if is_unreachable(error):
+            raise StoreUnreachableError(f"cannot reach the store for {url}: {error}") from error
         where = error.filename if error.filename else url
         raise CheckpointError(f"{where}: {error.strerror or error}") from error
 
@@ -159,19 +191,37 @@ def list_set_aside(fs: Any, root: str) -> list[str]:
     return sorted(found)
 
 
+PERMANENT = (GpufleetError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+"""Failures no retry can change (a refusal, a missing or forbidden object; missing credentials too): raised at
+once, never retried."""
+
+
 def with_retries(action: Callable[[], T], what: str, policy: TransferPolicy,
                  on_retry: Callable[[], None] | None = None) -> T:
-    """Run `action`, retrying with exponential backoff and jitter; TransferError after the last try."""
-    for attempt in range(1, policy.max_attempts + 1):
+    """Run `action`, retrying what may be transient with exponential backoff and jitter, within the policy's
+    attempts and deadline. After the last try: StoreUnreachableError when the store did not answer
+    (`reach.is_unreachable`), else TransferError; a PERMANENT failure is raised as it is, at once."""
+    first_failure_s: float | None = None
+    permanent: tuple[type[BaseException], ...] = PERMANENT + _credentials_errors()
+    for attempt in itertools.count(1):
         try:
             return action()
-        except Exception as error:  # network, HTTP 5xx, connection refused: all retried alike
-            if attempt == policy.max_attempts:
-                raise TransferError(f"{what} failed after {attempt} attempts: {error}") from error
+        except permanent:
+            raise
+        except Exception as error:  # network, HTTP 5xx, connection refused, a short object: all retried alike
+            now = time.monotonic()
+            first_failure_s = now if first_failure_s is None else first_failure_s
+            left_s = None if policy.deadline_s is None else policy.deadline_s - (now - first_failure_s)
+            if attempt == policy.max_attempts or (left_s is not None and left_s <= 0):
+                spent_s = now - first_failure_s
+                kind = StoreUnreachableError if is_unreachable(error) else TransferError
+                raise kind(f"{what} failed after {attempt} attempt(s) over {spent_s:.0f} s: {error}") from error
             delay_s = min(policy.backoff_s * 2 ** (attempt - 1), policy.backoff_max_s)
             delay_s *= 0.5 + random.random() / 2
-            log.warning("%s failed (attempt %d/%d, retrying in %.2f s): %s",
-                        what, attempt, policy.max_attempts, delay_s, error)
+            if left_s is not None:
+                delay_s = min(delay_s, left_s)
+            log.warning("%s failed (attempt %d%s, retrying in %.2f s): %s", what, attempt,
+                        f"/{policy.max_attempts}" if policy.max_attempts else "", delay_s, error)
             time.sleep(delay_s)
             if on_retry is not None:
                 on_retry()

@@ -49,6 +49,8 @@ class FileSweep:
             self._file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in close()
         except FileNotFoundError as error:
             raise CorruptCheckpointError(self.where, [f"{self.name}: missing"]) from error
+        except OSError as error:
+            raise self._unreadable(error) from error
         self._fd = self._file.fileno()
         self.size = os.fstat(self._fd).st_size
         if self.size != expected.size_bytes:
@@ -70,6 +72,10 @@ class FileSweep:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _unreadable(self, error: OSError) -> CorruptCheckpointError:
+        """A permission refused, an I/O error (a bad sector), a folder where the file belongs: this file's damage."""
+        return CorruptCheckpointError(self.where, [f"{self.name}: cannot be read ({error.strerror or error})"])
+
     def _short(self) -> CorruptCheckpointError:
         return CorruptCheckpointError(self.where, [f"{self.name}: changed size while being read"])
 
@@ -81,7 +87,10 @@ class FileSweep:
             raise self._short()
         while done < total:
             part = view[done:done + CHUNK_BYTES]
-            count = self._file.readinto(part)
+            try:
+                count = self._file.readinto(part)
+            except OSError as error:
+                raise self._unreadable(error) from error
             if not count:
                 raise self._short()
             self._hasher.update(part[:count])
