@@ -73,6 +73,8 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         data["goodput"] = econ.goodput
         data["cost"] = {
             "offers": [{"name": o.name, "usd": o.usd, "usd_per_gpu_hour": o.usd_per_gpu_hour} for o in econ.offers],
+            "skipped_offers": [{"name": o.name, "max_gpus": o.max_gpus, "beyond": o.beyond, "reason": o.reason}
+                               for o in econ.skipped_offers],
             "onprem_usd": econ.onprem_usd,
         }
         data["power"] = {"it_power_max_w": econ.it_power_max_w, "facility_power_w": econ.facility_power_w,
@@ -174,6 +176,11 @@ def render_result(console: Console, result: PlanResult) -> None:
             f"{_money(cheapest.usd)} {cheapest.name}" if cheapest else "-",
         )
     console.print(table)
+    skipped = next((p.economics.skipped_offers for p in result.plans if p.economics is not None), ())
+    if skipped:
+        from gpufleet.economics.cloud import describe_skipped
+
+        console.print(describe_skipped(list(skipped), cluster.gpus))
 
 
 def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:
