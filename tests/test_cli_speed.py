@@ -185,3 +185,13 @@ def test_regression_guard_plan_json_is_the_same_with_and_without_the_cache(cache
     assert off.returncode == cold.returncode == warm.returncode == 0, off.stderr
     assert list((cache_home / "gpufleet").glob("catalog-*"))  # the warm run had an entry to read
     assert json.loads(off.stdout) == json.loads(cold.stdout) == json.loads(warm.stdout)
+
+
+def test_no_home_folder_means_no_cache_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert not disk_cache.cache_enabled()
+    assert _hbm_gib(()) == 80.0

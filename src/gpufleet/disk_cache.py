@@ -30,14 +30,19 @@ DISABLE_ENV = "GPUFLEET_NO_CACHE"
 _MAGIC = b"gpufleet-cache-1"
 
 
-def cache_dir() -> Path:
-    """The folder gpufleet's cache entries live in."""
-    home = os.environ.get(CACHE_HOME_ENV) or str(Path.home() / ".cache")
+def cache_dir() -> Path | None:
+    """The folder gpufleet's cache entries live in (None when there is no home folder to put it in)."""
+    home = os.environ.get(CACHE_HOME_ENV)
+    if not home:
+        try:
+            home = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):  # no $HOME and no passwd entry: run without a cache
+            return None
     return Path(home) / "gpufleet"
 
 
 def cache_enabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
+    return os.environ.get(DISABLE_ENV, "") in ("", "0") and cache_dir() is not None
 
 
 def content_key(files: Iterable[Path], *parts: str) -> str:
@@ -55,7 +60,7 @@ def entry_path(name: str, *parts: str) -> Path:
     """The file of the entry `name` for `parts` (e.g. the user's catalog paths): one file per name and parts, so
     that a rebuilt entry replaces its stale one instead of piling up beside it."""
     tag = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    return cache_dir() / f"{name}-{tag}.pickle"
+    return (cache_dir() or Path(os.devnull)) / f"{name}-{tag}.pickle"  # under /dev/null: never readable
 
 
 def load(path: Path, key: str) -> Any | None:
