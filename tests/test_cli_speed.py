@@ -195,3 +195,20 @@ def test_no_home_folder_means_no_cache_not_a_crash(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert not disk_cache.cache_enabled()
     assert _hbm_gib(()) == 80.0
+
+
+@pytest.mark.parametrize("special", ["fifo", "device"])
+def test_a_user_catalog_that_is_not_a_regular_file_is_never_read_for_the_key(cache_home: Path, tmp_path: Path,
+                                                                            special: str) -> None:
+    """A named pipe would block a reader forever and /dev/zero never ends: the key is not computed from them, and
+    the command fails with the catalog reader's own one-line refusal."""
+    import os
+
+    if special == "fifo":
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    done = run_gpufleet("catalog", "show", "h100-sxm", "--catalog", str(path),
+                        env={"XDG_CACHE_HOME": str(cache_home)}, timeout=60)
+    assert done.returncode == 2 and str(path) in done.stderr and len(done.stderr.splitlines()) == 1

@@ -35,7 +35,7 @@ def test_default_batch_is_a_power_of_two_within_the_cap(seq_len: int, gpus: int)
     assert batch & (batch - 1) == 0
     assert batch * seq_len <= max(DEFAULT_BATCH_MAX_TOKENS, seq_len)
     if 2 * batch * seq_len <= DEFAULT_BATCH_MAX_TOKENS:  # where the cap does not bind: the old rule
-        assert batch >= gpus and batch * seq_len >= 4 * M
+        assert batch >= gpus and batch >= 4 * M // seq_len
 
 
 def test_the_rule_names_what_set_the_batch() -> None:

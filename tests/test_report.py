@@ -185,10 +185,6 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
 
 
-@pytest.mark.xfail(strict=True, reason="planner bug found by the report: peak_stage_memory checks only the first "
-                   "and last pipeline stages, but with an uneven split (126 layers over pp32 x vpp4) stage 1 is "
-                   "fuller than both; `plan -m llama3-405b -n 512 --stack torchtitan` ranks a plan whose stage 1 "
-                   "needs 93 GiB of 80")
 def test_the_fit_check_sees_the_fullest_stage_of_an_uneven_pipeline() -> None:
     from gpufleet.parallel.layout import Layout
     from gpufleet.parallel.memory import peak_stage_memory, stage_memory

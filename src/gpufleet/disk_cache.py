@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -52,8 +53,30 @@ def content_key(files: Iterable[Path], *parts: str) -> str:
         digest.update(part.encode() + b"\0")
     for path in files:
         digest.update(str(path).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(hashlib.sha256(_regular_file_bytes(path)).digest())
     return digest.hexdigest()
+
+
+#: The largest input file a key is computed from; a bigger one is not cached (its reader refuses it anyway).
+MAX_KEYED_BYTES = 64 * 2**20
+
+
+def _regular_file_bytes(path: Path) -> bytes:
+    """A regular file's bytes; OSError for anything else (a named pipe is opened without blocking and never read,
+    a device or a huge file is not read), so that the caller skips the cache and the file's own reader names the
+    problem."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEYED_BYTES:
+            raise OSError(f"{path} is not a regular file of at most {MAX_KEYED_BYTES} bytes")
+        with os.fdopen(os.dup(descriptor), "rb") as file:
+            data = file.read(MAX_KEYED_BYTES + 1)
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_KEYED_BYTES:
+        raise OSError(f"{path} grew past {MAX_KEYED_BYTES} bytes while it was read")
+    return data
 
 
 def entry_path(name: str, *parts: str) -> Path:

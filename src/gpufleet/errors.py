@@ -49,3 +49,34 @@ class NoLegalLayoutError(InputError):
 
 class InfeasibleError(GpufleetError):
     """A request that is well-formed but cannot be satisfied (nothing fits, deadline unreachable)."""
+
+
+#: The longest value quoted whole in a message (judgement: a long path or a list of ids fits; a 100 KB argument
+#: pasted by mistake is shown by its two ends and its length).
+MAX_QUOTED_CHARS = 200
+
+
+def shorten(text: str, most_chars: int = MAX_QUOTED_CHARS) -> str:
+    """`text` itself when it is at most `most_chars` long, else its two ends around '…' and its length, about
+    `most_chars` in all: 'aaaa…zz (100,000 characters)'."""
+    if len(text) <= most_chars:
+        return text
+    length = f" ({len(text):,} characters)"
+    kept = max(most_chars - len(length) - 1, 2)
+    head = kept * 2 // 3
+    return f"{text[:head]}…{text[head - kept:]}{length}"
+
+
+def describe_validation_error(error: Exception) -> str:
+    """The first error of a pydantic ValidationError as one line, 'field: message (got VALUE)', the value
+    shortened; the same for every record gpufleet validates (catalog entries, run files, the planner's own)."""
+    details = error.errors() if hasattr(error, "errors") else []
+    if not details:
+        return shorten(" ".join(str(error).split()))
+    first = details[0]
+    location = ".".join(str(part) for part in first.get("loc", ()))
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    value = first.get("input")
+    shown = "" if isinstance(value, dict | list) or first.get("type") == "missing" else f" (got {shorten(repr(value))})"
+    more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+    return f"{location + ': ' if location else ''}{message}{shown}{more}"

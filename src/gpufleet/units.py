@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from gpufleet.errors import InputError
+from gpufleet.errors import InputError, shorten
 
 _COUNT_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _BYTES_SUFFIX = {
@@ -73,6 +73,26 @@ def parse_bytes(text: str, what: str = "size", *, least_bytes: float | None = No
     return _positive_finite(value, text, what)
 
 
+def refuse_thousands_separators(text: str, what: str) -> None:
+    """Commas separate the entries of a list option (64,128; 1MiB,1GiB), so '1,000T' or '1,024' would read as
+    '1' and '000T' (0 B) or '1' and '024': an entry after a comma that starts with a 0 and another digit is refused
+    as a thousands separator, with the number to write. ('8,128' stays the list 8 and 128.)"""
+    parts = text.split(",")
+    if len(parts) > 1 and any(re.match(r"\s*0\d", part) for part in parts[1:]):
+        joined = re.sub(r"(?<=\d),(?=\s*0\d)", "", text.strip())
+        raise InputError(f"{what} {shorten(text)!r} looks like a number with a thousands separator; commas separate "
+                         f"a list of values (e.g. 64,128): write {shorten(joined)!r} without the comma")
+
+
+def parse_bytes_list(text: str, what: str = "size", *, least_bytes: float | None = None,
+                     most_bytes: float | None = None, note: str = "") -> list[float]:
+    """'1MiB,1GiB' -> [2**20, 2**30]: each entry as `parse_bytes` takes it (bounds and note alike); '1,000T' is
+    refused as a thousands separator rather than read as 1 B and 0 B."""
+    refuse_thousands_separators(text, what)
+    return [parse_bytes(part, what, least_bytes=least_bytes, most_bytes=most_bytes, note=note)
+            for part in text.split(",")]
+
+
 def parse_duration_s(text: str, what: str = "duration") -> float:
     """'30d' -> 2592000 s; '12h', '90min', '45s'. Must be > 0."""
     match = re.fullmatch(_NUMBER + r"\s*(s|m|min|h|d|w)", text.strip().lower())
@@ -91,6 +111,8 @@ def parse_ratio(text: str, what: str = "oversubscription") -> float:
     if denominator <= 0:
         raise InputError(f"{what} {text!r} has a zero denominator")
     value = float(match.group(1)) / denominator
+    if not math.isfinite(value):
+        raise InputError(f"{what} must be a finite ratio, got {text!r}")
     if value < 1:
         raise InputError(f"{what} must be at least 1:1, got {text!r}")
     return value
@@ -100,6 +122,7 @@ def parse_int_list(text: str, what: str = "list", most: int | None = None) -> li
     """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> doublings from 64 to 512; '64-1000' -> 64 ... 512 and 1000
     (the top end is always included); '64-512:64' -> step 64. Each count appears once. With `most`, more values
     than that are refused before any list is built (a stepped range can name billions)."""
+    refuse_thousands_separators(text, what)
     values: list[int] = []
     for part in text.split(","):
         part = part.strip()

@@ -15,13 +15,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
-from gpufleet.errors import CatalogError, UnknownNameError
+from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_error
+from gpufleet.input_files import load_yaml
 
 ENV_VAR = "GPUFLEET_CATALOG"
 
@@ -51,25 +51,10 @@ REFERENCES: tuple[tuple[str, str, str], ...] = (
 _SINGULAR = {"gpus": "GPU", "networks": "network", "nodes": "node", "failure_stats": "failure_stats record"}
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    """First pydantic error as 'field: message' — one line for the user."""
-    first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "record"
-    return f"{location}: {first['msg']}"
-
-
 def read_yaml(path: Path, what: str = "catalog file") -> Any:
-    """Parse one YAML file; a missing file or a syntax error becomes a one-line CatalogError."""
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise CatalogError(f"cannot read {what} {path}: {error.strerror}") from error
-    except UnicodeDecodeError as error:
-        raise CatalogError(f"{what} {path} is not UTF-8 text (byte {error.start}); expected a YAML file") from error
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise CatalogError(f"{what} {path}{where} is not valid YAML") from error
+    """Parse one YAML file; a missing file, one that is not a regular file of bounded size (a named pipe, a device,
+    a folder), a syntax error or nesting too deep becomes a one-line CatalogError (gpufleet.input_files)."""
+    return load_yaml(path, what, CatalogError)
 
 
 def _builtin_files() -> list[Path]:
@@ -81,9 +66,12 @@ def _expand(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
-        elif path.is_file():
-            files.append(path)
+            try:
+                files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+            except OSError as error:
+                raise CatalogError(f"cannot list catalog folder {path}: {error.strerror}") from None
+        elif path.exists():
+            files.append(path)  # read_yaml refuses what is not a regular file (/dev/null, a named pipe) by name
         else:
             raise CatalogError(f"catalog path {path} does not exist (give a YAML file or a folder of them)")
     return files

@@ -35,15 +35,9 @@ SINGLE_PLAN_HINT = "run `gpufleet plan` with a single --gpus N (no --deadline) a
 
 def read_plan(path: Path) -> PlannedRun:
     """The best plan of a single-count `gpufleet plan --json` file (a sweep over GPU counts is refused)."""
-    import json
+    from gpufleet.input_files import load_json
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read plan file {path}: {error.strerror}") from error
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InputError(f"{path} is not JSON; --plan takes a `gpufleet plan --json` output: {SINGLE_PLAN_HINT}") \
-            from error
+    data = load_json(path, "plan file", f"--plan takes a `gpufleet plan --json` output: {SINGLE_PLAN_HINT}")
     if isinstance(data, dict) and isinstance(data.get("sweep"), list):
         counts = ", ".join(str(row.get("gpus")) for row in data["sweep"] if isinstance(row, dict))
         raise InputError(f"{path} is a scaling sweep (`gpufleet plan` over several GPU counts or with --deadline: "

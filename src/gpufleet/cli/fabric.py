@@ -31,7 +31,7 @@ from gpufleet.fabric.simulate import (
 )
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
 from gpufleet.report.plots import PLOT_SUFFIXES, Series, check_output_path, write_series_plot
-from gpufleet.units import format_bytes, parse_bytes, parse_int_list, parse_ratio
+from gpufleet.units import format_bytes, parse_bytes_list, parse_int_list, parse_ratio
 
 #: Buffer per rank `fabric simulate` takes: 1 byte to 1 TiB. The top is 3.5x the largest GPU memory in the
 #: catalog (288 GiB), so every buffer a GPU can hold fits; a larger one cannot be a real rank's buffer, and
@@ -59,7 +59,7 @@ def _cluster(catalog_paths: list[Path] | None, gpus: int, topology: str, network
     catalog = open_catalog(catalog_paths)
     node_spec = resolve_node(catalog, node, gpu_for(catalog, node, gpu))
     fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "--topology")),
-                    parse_ratio(oversubscription))
+                    parse_ratio(oversubscription, "--oversubscription"))
     cluster = Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)
     check_size(cluster)
     return cluster
@@ -222,8 +222,8 @@ def register(app: typer.Typer) -> None:
         place = cast(Placement, _choice(placement, ("block", "scatter"), "--placement"))
         algo = cast(Algorithm, _choice(algorithm, ALGORITHMS, "--algorithm"))
         mode = cast(RoutingMode, _choice(routing, ROUTING_MODES, "--routing")) if routing else None
-        sizes = [parse_bytes(s, "--size", least_bytes=MIN_SIZE_BYTES, most_bytes=MAX_SIZE_BYTES, note=_SIZE_RANGE)
-                 for s in size.split(",")]
+        sizes = parse_bytes_list(size, "--size", least_bytes=MIN_SIZE_BYTES, most_bytes=MAX_SIZE_BYTES,
+                                 note=_SIZE_RANGE)
         counts = parse_int_list(gpus, "--gpus", most=MAX_SWEEP_COUNTS)
         if min(counts) < 2:
             raise InputError(f"--gpus {min(counts)}: a collective needs a group of at least 2 GPUs")

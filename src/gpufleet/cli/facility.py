@@ -39,6 +39,11 @@ def node_network(cat: Catalog, node: NodeSpec) -> NetworkSpec | None:
     return record if isinstance(record, NetworkSpec) else None
 
 
+#: The largest --rack-kw taken (judgement: 10x the ~1 MW racks announced for 2027; far above it the rack count
+#: is meaningless and the power arithmetic overflows).
+MAX_RACK_KW = 10_000
+
+
 def register(app: typer.Typer) -> None:
     @app.command("facility")
     def facility(
@@ -65,6 +70,9 @@ def register(app: typer.Typer) -> None:
 
         if gpus < 1:
             raise InputError(f"--gpus must be at least 1, got {gpus}")
+        if rack_kw is not None and rack_kw > MAX_RACK_KW:
+            raise InputError(f"--rack-kw {rack_kw:g} is more than {MAX_RACK_KW:,} kW, the most a rack is taken to "
+                             "draw (the densest racks announced draw about 1 MW)")
         if mfu is not None and not 0 < mfu <= 1:
             raise InputError(f"--mfu must be in (0, 1], got {mfu:g}")
         cat = open_catalog(catalog)

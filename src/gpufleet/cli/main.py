@@ -16,12 +16,20 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 import gpufleet.cli as cli_package
 from gpufleet import __version__
 from gpufleet.cli import _help_index as help_index
 from gpufleet.cli.output import EXIT_USAGE, Output, fail
-from gpufleet.errors import GpufleetError, InfeasibleError, InputError
+from gpufleet.errors import (
+    MAX_QUOTED_CHARS,
+    GpufleetError,
+    InfeasibleError,
+    InputError,
+    describe_validation_error,
+    shorten,
+)
 
 _NOT_COMMANDS = {"main", "output", "common"}
 
@@ -146,13 +154,24 @@ def _reject_empty_option_values(args: list[str]) -> None:
             fail(f"{previous} must not be empty", EXIT_USAGE)
 
 
+def _quoting_shortened(message: str, args: list[str]) -> str:
+    """`message` with every long command-line argument it quotes (as typed or as Python quotes it, spaces and all)
+    shortened to its two ends and its length: a pasted 100 KB value is not echoed back whole."""
+    values = [arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg for arg in args]
+    for value in sorted((value for value in values if len(value) > MAX_QUOTED_CHARS), key=len, reverse=True):
+        for quoted in (repr(value)[1:-1], value, value.strip()):
+            message = message.replace(quoted, shorten(value))
+    return message
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
     _reject_empty_option_values(args)
     root_help = args in ([], ["--help"])
     summaries = help_index.load() if root_help else None
-    app = build_app(_invoked_module(args), summaries)
+    only = _invoked_module(args)
+    app = build_app(only, summaries) if only is not None or summaries is not None else build_app()
     command = typer.main.get_command(app)
     if root_help and summaries is None:
         help_index.store(command)
@@ -161,9 +180,13 @@ def run(argv: list[str] | None = None) -> None:
     try:
         result = command.main(args=argv, prog_name="gpufleet", standalone_mode=False)
     except InfeasibleError as error:  # well-formed but impossible: a failed check, not a usage error
-        Output(json_mode="--json" in (sys.argv[1:] if argv is None else argv)).check_failed(str(error))
+        Output(json_mode="--json" in args).check_failed(_quoting_shortened(str(error), args))
     except GpufleetError as error:
-        fail(str(error), EXIT_USAGE)
+        fail(_quoting_shortened(str(error), args), EXIT_USAGE)
+    except ValidationError as error:  # a record built from the user's values broke its own rules: the same one line
+        fail(_quoting_shortened(f"invalid {error.title}: {describe_validation_error(error)}", args), EXIT_USAGE)
+    except RecursionError:  # the input readers bound nesting; anything that still recurses this deep is input
+        fail("the input is nested too deeply to read", EXIT_USAGE)
     except typer.Exit as error:
         raise SystemExit(error.exit_code) from None
     except typer.Abort:
@@ -181,7 +204,7 @@ def run(argv: list[str] | None = None) -> None:
         message = error.format_message()
         for library_words, plain in _PLAIN_PARSE_ERRORS.items():
             message = message.replace(library_words, plain)
-        fail(message + hint, EXIT_USAGE)
+        fail(_quoting_shortened(message, args) + hint, EXIT_USAGE)
     raise SystemExit(result if isinstance(result, int) else 0)
 
 

@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn
 
+from gpufleet.errors import shorten
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
@@ -93,16 +95,27 @@ class Output:
                      render: Callable[[Console], None] | None = None) -> NoReturn:
         """A check the user asked for failed (exit 1): `render` for people (nothing if None), or in --json mode
         `data` plus `error` on stdout, so a script can tell it from a crash; then the reason as one stderr line."""
-        self.emit({**(data or {}), "error": " ".join(message.split())}, render or (lambda console: None))
+        self.emit({**(data or {}), "error": one_line(message)}, render or (lambda console: None))
         fail(message, EXIT_CHECK_FAILED)
 
     def exit(self, code: int) -> NoReturn:
         raise typer.Exit(code)
 
 
+#: The longest error line printed (judgement: a message naming 30 catalog ids fits; one quoting a huge input does
+#: not, and is cut in the middle).
+MAX_MESSAGE_CHARS = 2000
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: whitespace collapsed, every word longer than errors.MAX_QUOTED_CHARS (a pasted
+    100 KB value) shortened to its two ends and its length, and the whole at most MAX_MESSAGE_CHARS."""
+    return shorten(" ".join(shorten(word) for word in str(message).split()), MAX_MESSAGE_CHARS)
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Print `error: message` as one line on stderr and exit."""
-    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+    """Print `error: message` as one line on stderr (`one_line`) and exit."""
+    sys.stderr.write(f"error: {one_line(message)}\n")
     raise SystemExit(code)
 
 

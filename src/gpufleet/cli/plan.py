@@ -343,7 +343,7 @@ def register(app: typer.Typer) -> None:
         gpu = gpu_for(cat, node, gpu)
         base = PlanRequest(model=model, tokens=parse_count(tokens, "--tokens"), gpu=gpu, gpus=counts[0], node=node,
                            network=fabric, topology=cast(TopologyKind, topology),
-                           oversubscription=parse_ratio(oversubscription), seq_len=seq,
+                           oversubscription=parse_ratio(oversubscription, "--oversubscription"), seq_len=seq,
                            global_batch=global_batch, precision=cast(Precision, precision),
                            top=top, rank_by=cast(RankBy, rank_by),
                            fabric_model=cast(Literal["analytical", "sim"], fabric_model),

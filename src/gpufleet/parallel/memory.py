@@ -52,6 +52,7 @@ from gpufleet.parallel.layout import (
     micro_batches_per_step,
     recomputed_fraction,
     stage_layer_indices,
+    stage_layer_split,
     validate_layout,
 )
 from gpufleet.workload.params import embedding_params, layer_params, output_params
@@ -380,15 +381,18 @@ def memory_per_stage(
 
 
 def _candidate_stages(model: ModelSpec, layout: Layout) -> list[int]:
-    """Stages that can hold the peak: the first, the last, and (MoE with leading dense layers) the stages
-    whose parameter set differs. Ranks with equal parameters hold fewer micro-batches the later they are."""
+    """Stages that can hold the peak: the first and the last (embedding, head) and, for every distinct split of
+    (dense, MoE) layers a stage holds, the earliest stage with that split. Stages with equal parameters hold
+    fewer micro-batches the later they are, so the earliest of them is the fullest; but an uneven split gives
+    the middle stages the extra layers (stage_layer_indices), so a middle stage can outweigh the first."""
+    dense_layers = min(_constants(model).dense_layers, model.layers)
+    split = stage_layer_split(model.layers, layout.pp, layout.vpp, dense_layers)
     candidates = {0, layout.pp - 1}
-    c = _constants(model)
-    if model.moe is not None and 0 < c.dense_layers < model.layers:
-        for stage in range(layout.pp):
+    seen: set[tuple[int, int]] = set()
+    for stage, held in enumerate(split):
+        if held not in seen:
+            seen.add(held)
             candidates.add(stage)
-            if _dense_layers_on_stage(model, layout, stage, c.dense_layers) == 0:
-                break
     return sorted(candidates)
 
 

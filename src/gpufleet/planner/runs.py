@@ -6,6 +6,7 @@ run into the planner's own records. The shipped copies live in `gpufleet/catalog
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -128,9 +129,13 @@ def load_runs(path: Path | None = None) -> list[PublishedRun]:
     for index, entry in enumerate(document):
         try:
             run = PublishedRun.model_validate(entry)
+            run_model(run)  # the architecture itself must hold together (heads divide hidden, kv_heads divide heads)
         except ValidationError as error:
             label = entry.get("id", f"#{index}") if isinstance(entry, dict) else f"#{index}"
-            raise CatalogError(f"run file {path}: run {label}: {describe_validation_error(error)}") from error
+            problem = describe_validation_error(error)
+            if error.title == ModelSpec.__name__:  # the run schema has no head_dim to give: the typo is elsewhere
+                problem = "model: " + problem.replace("; give head_dim", "; check hidden and heads")
+            raise CatalogError(f"run file {path}: run {label}: {problem}") from None
         if run.id in seen:  # results, rankings and plots are keyed by id
             raise CatalogError(f"run file {path}: run id {run.id!r} appears twice; ids must be unique")
         seen.add(run.id)
@@ -165,6 +170,26 @@ def run_model(run: PublishedRun) -> ModelSpec:
         linear_bias=plain,
         moe=moe,
     )
+
+
+def pinned_layout_problem(run: PublishedRun) -> str:
+    """Why no layout keeps the run's given degrees on its GPUs (for a search that found nothing to try): the first
+    rule the given tp, pp, cp and dp break, else which free fields found no legal value."""
+    layout, model, gpus = run.layout, run.model, run.hardware.num_gpus
+    given = {name: getattr(layout, name) for name in ("tp", "pp", "cp", "dp") if getattr(layout, name) is not None}
+    product = math.prod(given.values())
+    named = " × ".join(f"{name}={value}" for name, value in given.items())
+    if gpus % product or ("cp" in given and product != gpus):
+        return f"{named} = {product} does not split the run's {gpus} GPUs (tp × pp × cp × dp must equal them)"
+    if layout.tp is not None and model.heads % layout.tp:
+        return f"tp={layout.tp} does not divide the model's {model.heads} heads"
+    if layout.pp is not None and layout.pp > model.layers:
+        return f"pp={layout.pp} is more pipeline stages than the model's {model.layers} layers"
+    if layout.dp is not None and run.global_batch is not None and run.global_batch % layout.dp:
+        return f"dp={layout.dp} does not divide the global batch of {run.global_batch} sequences"
+    free = [name for name in ("cp", "ep", "vpp", "micro_batch") if getattr(layout, name) is None]
+    return (f"no value of the free fields ({', '.join(free) or 'none'}) gives a legal layout with {named} on "
+            f"{gpus} GPUs")
 
 
 def _same_shape(spec: ModelSpec, run: RunModel) -> bool:

@@ -15,6 +15,7 @@ from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.runs import (
     PublishedRun,
     matched_stack,
+    pinned_layout_problem,
     recipe_search_space,
     run_calibration,
     run_cluster,
@@ -151,7 +152,8 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
             found = search(job, cluster, calibration, space=space, fixed=fixed, options=options)
             if found.best is None:
                 if not found.closest_misses:
-                    result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})"
+                    result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})" \
+                        if found.infeasible else f"no legal layout: {pinned_layout_problem(run)}"
                     return result
                 layout, over = found.closest_misses[0]
                 return _predict_despite_memory(result, job, layout, cluster, calibration, options, over)

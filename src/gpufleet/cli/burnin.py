@@ -1,0 +1,110 @@
+"""`gpufleet burnin`: the burn-in job (a small GPT under FSDP2 that checkpoints, reports metrics and survives a
+killed worker), run under torchrun; with --measure-host, the host measurements that price it in the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+from gpufleet.cli.common import JsonOption
+from gpufleet.cli.output import Output
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.burnin.config import BurninConfig
+
+HELP = """Train the burn-in GPT under torchrun: FSDP2, CheckpointManager, StepMonitor, one JSON line per step.
+
+A killed worker is survivable: torchrun (--max-restarts) restarts the group, which resumes from the newest checkpoint
+and repeats the uninterrupted run's losses exactly (on CPU).
+
+Examples:
+
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 --max-restarts 3 \\
+        -m gpufleet burnin --steps 50 --checkpoint-dir ckpt --log-file burnin.jsonl
+
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
+        -m gpufleet burnin --measure-host host.yaml --steps 20   # then: gpufleet plan --catalog host.yaml ...
+
+gloo on CPU, NCCL on GPUs (--backend to choose). Flags are spelled so that none is a prefix of a torchrun option.
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("burnin", help=HELP)
+    def burnin(
+        steps: int = typer.Option(20, "--steps", help="Train to this step (a resumed run continues to it)."),
+        checkpoint_dir: Path = typer.Option(Path("burnin-ckpt"), "--checkpoint-dir", help="Checkpoint folder."),
+        log_file: Path = typer.Option(Path("burnin.jsonl"), "--log-file",
+                                      help="JSON lines, one per step (rank 0 appends)."),
+        checkpoint_every: int = typer.Option(5, "--checkpoint-every", help="Save every N steps (and at the end)."),
+        keep_last: int = typer.Option(2, "--keep-last", help="Checkpoints kept."),
+        micro_batch: int = typer.Option(4, "--micro-batch", help="Sequences per rank per step."),
+        layers: int = typer.Option(2, "--layers", help="Transformer blocks."),
+        hidden: int = typer.Option(128, "--hidden", help="Model width."),
+        heads: int = typer.Option(4, "--heads", help="Attention heads."),
+        ffn_hidden: int = typer.Option(512, "--ffn-hidden", help="MLP width."),
+        vocab: int = typer.Option(512, "--vocab", help="Vocabulary size."),
+        seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence."),
+        lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (AdamW)."),
+        warmup_steps: int = typer.Option(10, "--warmup-steps", help="Linear warm-up steps."),
+        seed: int = typer.Option(1234, "--seed", help="Seed of weights and data."),
+        threads: int = typer.Option(1, "--threads", help="torch threads per rank (0: torch's default)."),
+        backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl with CUDA, else gloo)."),
+        metrics_port: int = typer.Option(None, "--metrics-port",
+                                         help="Serve StepMonitor's metrics on this port + local rank."),
+        plan: Path = typer.Option(None, "--plan", help="A `gpufleet plan --json` file to compare step times with."),
+        measure_host: Path = typer.Option(None, "--measure-host",
+                                          help="First measure this host (GEMMs at the model's shapes, attention, "
+                                          "element-wise kernels, the collectives, disk at --checkpoint-dir) and write "
+                                          "a catalog YAML file for it, then train."),
+        measure_clock: str = typer.Option("wall", "--measure-clock",
+                                          help="What --measure-host times with: wall seconds, or cpu seconds of "
+                                          "each process (on a host other jobs share; compare with the log's cpu_s)."),
+        json_output: bool = JsonOption,
+    ) -> None:
+        from gpufleet.runtime.burnin.config import BurninConfig, ModelShape, identity_from_env
+
+        out = Output(json_mode=json_output)
+        shape = ModelShape(layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab,
+                           seq_len=seq_len)
+        config = BurninConfig(steps=steps, checkpoint_dir=checkpoint_dir, log_file=log_file, shape=shape,
+                              micro_batch=micro_batch, checkpoint_every=checkpoint_every, keep_last=keep_last, lr=lr,
+                              warmup_steps=warmup_steps, seed=seed, threads=threads or None,
+                              metrics_port=metrics_port, plan=plan, backend=backend,
+                              measure_clock=measure_clock)
+        identity_from_env()  # outside torchrun: say how to launch, before torch is imported
+        host = _measure(out, config, measure_host) if measure_host is not None else None
+        from gpufleet.runtime.burnin.train import run_burnin
+
+        result = run_burnin(config)
+        if result.rank != 0:
+            return
+        data = {"rank": result.rank, "world_size": result.world_size, "restart": result.restart,
+                "resumed_from": result.resumed_from, "first_step": result.first_step, "last_step": result.last_step,
+                "final_loss": result.final_loss, "median_step_s": result.median_step_s, "host": host}
+
+        def render(console: Console) -> None:
+            where = "a fresh start" if result.resumed_from is None else f"checkpoint step {result.resumed_from}"
+            median = "-" if result.median_step_s is None else f"{result.median_step_s:.4f} s"
+            loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
+            console.print(f"burn-in: {result.world_size} ranks, steps {result.first_step}-{result.last_step} from "
+                          f"{where}; final loss {loss}; median step {median}; log {config.log_file}")
+
+        out.emit(data, render)
+
+
+def _measure(out: Output, config: BurninConfig, path: Path) -> dict[str, object] | None:
+    """Measure the host and write its catalog file (rank 0); the figures for --json, None on other ranks."""
+    from gpufleet.runtime.burnin.host_catalog import write_host_catalog
+    from gpufleet.runtime.burnin.measure import measure_host
+
+    measured = measure_host(config)
+    if measured is None:
+        return None
+    write_host_catalog(path, measured, config.shape)
+    if not out.json_mode:
+        out.console.print(measured.summary() + f"\nwrote {path}")
+    return {"catalog": str(path), "measured": measured.as_dict()}

@@ -1,0 +1,228 @@
+"""The few measurements that describe a host to the planner, taken under torchrun with every rank busy at once (so
+each rank sees the share of cores, caches and memory it will have while training), at the burn-in model's own sizes:
+
+* GEMMs in bf16: a large square GEMM sets the peak; the model's forward GEMM shapes fit the shape curve's half
+  dimension (gpufleet's compute model: efficiency = Π d/(d + d½));
+* causal scaled-dot-product attention, forward + backward, as a fraction of that peak (FLOPs counted the way the
+  compute model counts them: 2.5x forward for the backward);
+* the element-wise kernels the compute model prices by bytes (LayerNorm, GELU, residual add): bytes / time;
+* the collectives FSDP2 runs (all-gather of a block's bf16 parameters, reduce-scatter of its fp32 gradients):
+  bus bandwidth by nccl-tests' definition (bus bytes / time, latency included at these sizes);
+* disk at the checkpoint folder: sequential write with fsync, then read, of one checkpoint's size.
+
+Each figure is the slowest rank's mean over repetitions: collectives every block make every rank wait for the
+slowest, and a step's time is a sum of kernel times, delays included.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gpufleet.runtime.burnin.config import BurninConfig, identity_from_env
+from gpufleet.runtime.burnin.group import default_backend, device_for, join_group
+from gpufleet.runtime.burnin.host_catalog import HostMeasurement
+
+#: Each timed kernel runs until this much time has passed (and at least MIN_REPEATS times), after two warm-up runs
+#: (judgement: long enough that a busy neighbour's share of the cores shows in the mean as it does in a step).
+MIN_MEASURE_S = 0.25
+MIN_REPEATS = 3
+#: Collectives run a fixed count instead (every rank must call each one equally often).
+COLLECTIVE_REPEATS = 10
+#: The square GEMM that sets the peak (judgement: large enough to leave the shape curve's knee on any CPU or GPU).
+PEAK_GEMM_DIM = 2048
+
+
+#: The clocks a measurement can read: wall time (what a dedicated machine's step takes) or this process's CPU
+#: time (user + system, every thread): on a host shared with other jobs the latter leaves their load out.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def timed_s(run: Callable[[], Any], sync: Callable[[], None] = lambda: None, clock: str = "wall",
+            repeats: int | None = None) -> float:
+    """Mean seconds of `run()` (after two warm-up calls) over at least MIN_REPEATS calls and MIN_MEASURE_S of
+    wall time, or exactly `repeats` calls: the mean, not the median, since a step's time is the sum of its kernels'
+    times, delays included."""
+    read = CLOCKS[clock]
+    for _ in range(2):
+        run()
+    sync()
+    done, started, started_wall = 0, read(), time.perf_counter()
+    while (done < repeats if repeats is not None
+           else done < MIN_REPEATS or time.perf_counter() - started_wall < MIN_MEASURE_S):
+        run()
+        done += 1
+        sync()
+    return (read() - started) / done
+
+
+def model_gemm_shapes(config: BurninConfig) -> list[tuple[int, int, int, int]]:
+    """(m, n, k, count per step) of every GEMM one rank runs in a step: each forward GEMM (QKV, attention out, MLP
+    up and down per block; the output head once) and its two backward GEMMs (input gradient m x k x n, weight
+    gradient n x k x m... as (n, k, m))."""
+    s = config.shape
+    tokens = config.micro_batch * s.seq_len
+    forward = [(tokens, 3 * s.hidden, s.hidden, s.layers), (tokens, s.hidden, s.hidden, s.layers),
+               (tokens, s.ffn_hidden, s.hidden, s.layers), (tokens, s.hidden, s.ffn_hidden, s.layers),
+               (tokens, s.vocab, s.hidden, 1)]
+    return [shape for m, n, k, count in forward for shape in ((m, n, k, count), (m, k, n, count), (n, k, m, count))]
+
+
+def gemm_flop_per_s(m: int, n: int, k: int, device: torch.device, sync: Callable[[], None],
+                    clock: str = "wall") -> float:
+    a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    b = torch.randn(k, n, dtype=torch.bfloat16, device=device)
+    return 2 * m * n * k / timed_s(lambda: a @ b, sync=sync, clock=clock)
+
+
+def attention_flop_per_s(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+    """Causal SDPA forward + backward at the model's shape; FLOPs as gpufleet's compute model counts them
+    (causal forward: 2·s·heads·2·head_dim / 2 per token, backward 2.5x the forward)."""
+    s = config.shape
+    head_dim = s.hidden // s.heads
+    q, k, v = (torch.randn(config.micro_batch, s.heads, s.seq_len, head_dim, dtype=torch.bfloat16, device=device,
+                           requires_grad=True) for _ in range(3))
+    grad = torch.randn_like(q)
+
+    def run() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+
+    tokens = config.micro_batch * s.seq_len
+    forward_flops = tokens * 2 * s.seq_len * s.heads * 2 * head_dim / 2
+    return forward_flops * (1 + 2.5) / timed_s(run, sync=sync, clock=config.measure_clock)
+
+
+def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+    """The bandwidth with which gpufleet's compute model reproduces the time of one block's element-wise kernels,
+    forward and backward: the model charges 12 passes over the hidden width (norms, residual adds) and 2 over the
+    MLP width (activation) forward, in bf16, and twice that backward; measured here are the kernels the block
+    runs for them (two LayerNorms, GELU, two residual adds), forward and backward through autograd."""
+    s = config.shape
+    tokens = config.micro_batch * s.seq_len
+    x = torch.randn(tokens, s.hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
+    wide = torch.randn(tokens, s.ffn_hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
+    weight = torch.ones(s.hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
+
+    def run() -> None:
+        first = F.layer_norm(x, (s.hidden,), weight) + x
+        second = F.layer_norm(first, (s.hidden,), weight) + first
+        (second.sum() + F.gelu(wide).sum()).backward()
+
+    forward_bytes = 2 * tokens * (12 * s.hidden + 2 * s.ffn_hidden)
+    return 3 * forward_bytes / timed_s(run, sync=sync, clock=config.measure_clock)
+
+
+def collective_busbw(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) bus bandwidth at one block's parameter count: bf16 gather, fp32 reduce."""
+    s = config.shape
+    world = dist.get_world_size()
+    block_params = 4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn_hidden + 2 * s.hidden
+    shard = math.ceil(block_params / world)
+    local = torch.randn(shard, dtype=torch.bfloat16, device=device)
+    gathered = torch.empty(shard * world, dtype=torch.bfloat16, device=device)
+    grads = torch.randn(shard * world, dtype=torch.float32, device=device)
+    reduced = torch.empty(shard, dtype=torch.float32, device=device)
+    factor = (world - 1) / world  # nccl-tests' bus factor for both
+    clock, repeats = config.measure_clock, COLLECTIVE_REPEATS
+    gather_s = timed_s(lambda: dist.all_gather_into_tensor(gathered, local), sync, clock, repeats)
+    reduce_s = timed_s(lambda: dist.reduce_scatter_tensor(reduced, grads), sync, clock, repeats)
+    return gathered.numel() * 2 * factor / gather_s, grads.numel() * 4 * factor / reduce_s
+
+
+def disk_bytes_per_s(folder: Path, size_bytes: int) -> tuple[float, float]:
+    """Sequential write (with fsync) then read of one file of `size_bytes` in `folder` (deleted after)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f".gpufleet-disk-probe-{os.getpid()}"
+    block = os.urandom(1 << 20)
+    try:
+        started = time.perf_counter()
+        with open(path, "wb") as handle:
+            for _ in range(max(1, size_bytes >> 20)):
+                handle.write(block)
+            handle.flush()
+            os.fsync(handle.fileno())
+        write_s = time.perf_counter() - started
+        written = path.stat().st_size
+        with open(path, "rb") as handle:
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # read the disk, not the page cache
+            started = time.perf_counter()
+            while handle.read(1 << 22):
+                pass
+        read_s = time.perf_counter() - started
+    finally:
+        path.unlink(missing_ok=True)
+    return written / write_s, written / read_s
+
+
+def checkpoint_bytes(config: BurninConfig) -> int:
+    """One checkpoint of the burn-in model: fp32 weights and Adam's two fp32 moments."""
+    s = config.shape
+    params = (s.vocab + s.seq_len) * s.hidden + s.layers * (4 * s.hidden**2 + 2 * s.hidden * s.ffn_hidden
+                                                            + 2 * s.hidden) + s.hidden + s.vocab * s.hidden
+    return 12 * params
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _local_figures(config: BurninConfig, device: torch.device) -> list[float]:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = config.measure_clock
+    peak = gemm_flop_per_s(PEAK_GEMM_DIM, PEAK_GEMM_DIM, PEAK_GEMM_DIM, device, sync, clock)
+    shapes = [gemm_flop_per_s(m, n, k, device, sync, clock) for m, n, k, _ in model_gemm_shapes(config)]
+    attention = attention_flop_per_s(config, device, sync)
+    elementwise = elementwise_bytes_per_s(config, device, sync)
+    gather, reduce = collective_busbw(config, device, sync)
+    write, read = disk_bytes_per_s(Path(config.checkpoint_dir), checkpoint_bytes(config) // dist.get_world_size())
+    return [peak, *shapes, attention, elementwise, gather, reduce, write, read]
+
+
+def measure_host(config: BurninConfig) -> HostMeasurement | None:
+    """Measure under torchrun (every rank at once); rank 0 gets the result, the others None."""
+    me = identity_from_env()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    backend = config.backend or default_backend()
+    join_group(me, backend, phase="measure")
+    try:
+        device = device_for(backend, me)
+        mine = torch.tensor(_local_figures(config, device), dtype=torch.float64, device=device)
+        every = [torch.zeros_like(mine) for _ in range(me.world_size)]
+        dist.all_gather(every, mine)  # on the device: NCCL gathers device tensors only
+        slowest = torch.stack(every).min(dim=0).values.cpu().tolist()  # every figure is a rate: the slowest rank's
+    finally:
+        dist.destroy_process_group()
+    if me.rank != 0:
+        return None
+    shapes = model_gemm_shapes(config)
+    rates = slowest[1:1 + len(shapes)]
+    peak = max(slowest[0], *rates)
+    attention, elementwise, gather, reduce, write, read = slowest[1 + len(shapes):]
+    import socket
+
+    return HostMeasurement(
+        hostname=socket.gethostname(), cpu=_cpu_name(), ranks=me.world_size, threads_per_rank=torch.get_num_threads(),
+        peak_gemm_flop_per_s=peak,
+        gemm_shapes=tuple((m, n, k, count, rate) for (m, n, k, count), rate in zip(shapes, rates, strict=True)),
+        attention_flop_per_s=attention, elementwise_bytes_per_s=elementwise, allgather_busbw_bytes_per_s=gather,
+        reduce_scatter_busbw_bytes_per_s=reduce, disk_write_bytes_per_s=write, disk_read_bytes_per_s=read,
+        ram_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        date=time.strftime("%Y-%m-%d", time.gmtime()), clock=config.measure_clock)
