@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.catalog.records import Record
 
@@ -19,6 +19,19 @@ Pricing = Literal[
     "on-demand", "spot", "reserved-1y", "reserved-3y", "committed", "capacity-block", "flex-start",
     "marketplace",
 ]
+
+
+class OfferCapacity(BaseModel):
+    """The largest cluster a provider sells under one offer at its listed price, and what happens above it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_gpus: int = Field(ge=1, description="the most GPUs one customer gets at this price, in one cluster")
+    beyond: Literal["ask", "none"] = Field(
+        description="above max_gpus: 'ask' (larger clusters by quote, at a price the catalog does not know) or "
+        "'none' (not sold this way at all)")
+    source: str = Field(min_length=3, description="where max_gpus comes from, or why it was chosen")
+    judgement: bool = Field(default=False, description="true: no published figure was found; source says why")
 
 
 class CloudOffer(Record):
@@ -33,6 +46,8 @@ class CloudOffer(Record):
     gpus_per_node: int = Field(default=8, ge=1)
     region: str | None = None
     as_of: str = Field(min_length=4)
+    capacity: OfferCapacity | None = Field(
+        default=None, description="the largest cluster sold at this price (absent: not stated, never checked)")
 
     @property
     def name(self) -> str:

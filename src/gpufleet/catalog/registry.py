@@ -87,6 +87,16 @@ def user_catalog_paths(explicit: Sequence[str | Path] = ()) -> tuple[Path, ...]:
     return tuple(Path(p) for p in [*env, *explicit])
 
 
+@dataclass(frozen=True)
+class CatalogState:
+    """A validated catalog's contents (what catalog.cache keeps on disk)."""
+
+    raw: dict[str, list[tuple[Path, dict[str, Any]]]]
+    records: dict[str, dict[str, Record]]
+    origins: dict[tuple[str, str], Path]
+    empty_user_paths: list[Path]
+
+
 @dataclass
 class Catalog:
     """Records by kind and id. Built lazily per kind; user files override built-in ids."""
@@ -174,6 +184,17 @@ class Catalog:
                 + (" (no .yaml or .yml files in it)" if path.is_dir() else " (empty)")
                 for path in self._empty_user_paths]
 
+    def snapshot(self) -> CatalogState:
+        """Everything check() validated, for the on-disk cache (catalog.cache); call after check()."""
+        return CatalogState(self._raw_entries(), dict(self._records), dict(self._origins),
+                            list(self._empty_user_paths))
+
+    @classmethod
+    def restored(cls, user_paths: tuple[Path, ...], state: CatalogState) -> Catalog:
+        """A catalog from a snapshot of one with the same user files (check() still runs its cheap part: the
+        references, and the notes on user files that add nothing)."""
+        return cls(user_paths, state.raw, dict(state.records), dict(state.origins), list(state.empty_user_paths))
+
     def get(self, kind: str, name: str, record_type: type[R]) -> R:
         """One record by id, or UnknownNameError with the nearest ids."""
         found = self.records(kind)
@@ -229,7 +250,9 @@ class Catalog:
 
 @cache
 def _cached(user_paths: tuple[Path, ...]) -> Catalog:
-    return Catalog(user_paths)
+    from gpufleet.catalog.cache import cached_catalog  # the on-disk cache of the validated catalog
+
+    return cached_catalog(user_paths)
 
 
 def load_catalog(explicit: Sequence[str | Path] = ()) -> Catalog:

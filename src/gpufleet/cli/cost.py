@@ -101,7 +101,14 @@ def register(app: typer.Typer) -> None:
         Examples: `gpufleet cost --gpu-hours 1e6 --gpu h100-sxm`; `gpufleet cost --plan plan.json` with the
         output of `gpufleet plan --json` for one GPU count.
         """
-        from gpufleet.economics.cloud import cost_of_gpu_hours, offer, offers_for_gpu, reference_offer
+        from gpufleet.economics.cloud import (
+            cost_of_gpu_hours,
+            describe_skipped,
+            offer,
+            offers_for_gpu,
+            reference_offer,
+            split_by_size,
+        )
         from gpufleet.economics.defaults import facility_defaults
         from gpufleet.economics.tco import onprem_tco
         from gpufleet.units import parse_count
@@ -122,9 +129,11 @@ def register(app: typer.Typer) -> None:
                                  f"{planned.gpu} GPUs; leave out --node (the plan's is {planned.node})")
             hours, gpu, gpus = planned.gpu_hours, planned.gpu, planned.gpus
             node = node or planned.node
+            size_known = True
         else:
             hours = parse_count(gpu_hours, "--gpu-hours")  # refuses non-finite counts (units._positive_finite)
             gpu = gpu_for(cat, node, gpu)
+            size_known = gpus is not None  # offers are checked against a cluster size the user gave
             gpus = DEFAULT_ONPREM_GPUS if gpus is None else gpus
         if utilization is not None and not 0 < utilization <= 1:
             raise InputError(f"--utilization must be in (0, 1], got {utilization:g}")
@@ -146,6 +155,7 @@ def register(app: typer.Typer) -> None:
                 + (f"; its offers are {', '.join(sold)}" if sold and pricing else "")
                 + ("" if sold else "; add one under 'cloud_offers:' (--catalog FILE)")
             )
+        offers, skipped = split_by_size(offers, gpus) if size_known else (offers, [])
         costs = sorted((cost_of_gpu_hours(o, hours) for o in offers), key=lambda c: (c.usd, c.name))
         against = offer(cat, offer_name) if offer_name else reference_offer(cat, gpu)
         if against.gpu != gpu:
@@ -190,6 +200,8 @@ def register(app: typer.Typer) -> None:
                 }
                 for c in costs
             ],
+            "skipped_offers": [{"name": o.name, "max_gpus": o.max_gpus, "beyond": o.beyond, "reason": o.reason}
+                               for o in skipped],
             "onprem": onprem,
         }
 
@@ -201,6 +213,8 @@ def register(app: typer.Typer) -> None:
                 table.add_row(c.name, c.pricing, f"{c.usd_per_gpu_hour:.2f}", f"{c.usd:,.0f}", c.as_of)
             table.add_row("on-prem", f"{u:.0%} utilized", f"{rate:.2f}", f"{rate * hours:,.0f}", "estimate")
             console.print(table)
+            if skipped:
+                console.print(describe_skipped(skipped, gpus))
             months = onprem["breakeven_months"]
             breakeven = onprem["breakeven_utilization"]
             console.print(

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 import gpufleet.cli as cli_package
 from gpufleet import __version__
+from gpufleet.cli import _help_index as help_index
 from gpufleet.cli.output import EXIT_USAGE, Output, fail
 from gpufleet.errors import (
     MAX_QUOTED_CHARS,
@@ -33,8 +34,25 @@ from gpufleet.errors import (
 _NOT_COMMANDS = {"main", "output", "common"}
 
 
-def build_app() -> typer.Typer:
-    """The Typer application with every command module registered."""
+def _command_modules() -> list[str]:
+    """The command modules' names, in order (one module per command group)."""
+    return sorted(m.name for m in pkgutil.iter_modules(cli_package.__path__)
+                  if m.name not in _NOT_COMMANDS and not m.name.startswith("_"))
+
+
+def _invoked_module(args: list[str]) -> str | None:
+    """The command module a command line needs, when it can be told without importing any: every module registers
+    the command it is named after, and the root takes only flags (--help, --version), so the first word that is not
+    a flag names it. None (register every module) for the root's help, a misspelt command, or a command that a
+    module of another name registers."""
+    first = next((arg for arg in args if not arg.startswith("-")), None)
+    return first if first in _command_modules() else None
+
+
+def build_app(only: str | None = None, summaries: list[help_index.CommandSummary] | None = None) -> typer.Typer:
+    """The Typer application with every command module registered, or only the module `only` (a command line
+    imports just the module it runs, so that `gpufleet catalog show` does not pay for the planner's imports), or,
+    for the root help, stand-ins from the saved help index (cli/_help_index.py)."""
     app = typer.Typer(
         name="gpufleet",
         help=(
@@ -57,11 +75,11 @@ def build_app() -> typer.Typer:
             typer.echo(f"gpufleet {__version__}")
             raise typer.Exit(0)
 
-    for module_info in sorted(pkgutil.iter_modules(cli_package.__path__), key=lambda m: m.name):
-        if module_info.name in _NOT_COMMANDS or module_info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"gpufleet.cli.{module_info.name}")
-        module.register(app)
+    if summaries is not None:
+        help_index.register(app, summaries)
+        return app
+    for name in [only] if only is not None else _command_modules():
+        importlib.import_module(f"gpufleet.cli.{name}").register(app)
     return app
 
 
@@ -150,8 +168,13 @@ def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
     _reject_empty_option_values(args)
-    app = build_app()
+    root_help = args in ([], ["--help"])
+    summaries = help_index.load() if root_help else None
+    only = _invoked_module(args)
+    app = build_app(only, summaries) if only is not None or summaries is not None else build_app()
     command = typer.main.get_command(app)
+    if root_help and summaries is None:
+        help_index.store(command)
     _reject_meaningless_values(command)
     _plain_metavars(command)
     try:

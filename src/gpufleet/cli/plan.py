@@ -29,7 +29,15 @@ from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
-from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, RankBy, make_plan
+from gpufleet.planner.plan import (
+    Plan,
+    PlanRequest,
+    PlanResult,
+    RankBy,
+    default_batch_rule,
+    make_plan,
+    pipeline_warning,
+)
 from gpufleet.planner.runs import framework_options, stack_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.report.plots import check_output_path, write_series_plot
@@ -203,12 +211,16 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         "time_to_train_s": plan.wall_time_s,
         "parts": {name: {"exposed_s": part.exposed_s, "hidden_s": part.hidden_s, "link": part.link}
                   for name, part in step.parts.items()},
+        "micro_batches": step.micro_batches,
+        "warnings": [warning] if (warning := pipeline_warning(plan)) else [],
     }
     econ = plan.economics
     if econ is not None:
         data["goodput"] = econ.goodput
         data["cost"] = {
             "offers": [{"name": o.name, "usd": o.usd, "usd_per_gpu_hour": o.usd_per_gpu_hour} for o in econ.offers],
+            "skipped_offers": [{"name": o.name, "max_gpus": o.max_gpus, "beyond": o.beyond, "reason": o.reason}
+                               for o in econ.skipped_offers],
             "onprem_usd": econ.onprem_usd,
         }
         data["power"] = {"it_power_max_w": econ.it_power_max_w, "facility_power_w": econ.facility_power_w,
@@ -223,7 +235,10 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
     return {
         **saved_header(result.request),  # what `gpufleet report PLAN.json` needs to re-run and draw it
         "job": {"model": job.model.id, "tokens": job.tokens, "seq_len": job.seq_len,
-                "global_batch": job.global_batch, "precision": job.precision},
+                "global_batch": job.global_batch, "precision": job.precision,
+                "global_batch_chosen_by": "planner" if result.request.global_batch is None else "user",
+                **({"global_batch_rule": default_batch_rule(job.seq_len, cluster.gpus)}
+                   if result.request.global_batch is None else {})},
         "cluster": {"gpu": cluster.gpu.id, "gpus": cluster.gpus, "node": cluster.node.id,
                     "network": cluster.fabric.network.id, "topology": cluster.fabric.kind,
                     "oversubscription": cluster.fabric.oversubscription},
@@ -288,6 +303,8 @@ def render_result(console: Console, result: PlanResult) -> None:
     )
     console.print(f"MFU and HFU are against {cluster.gpu.id}'s dense {job.precision} peak, "
                   f"{cluster.gpu.peak_flops(job.precision) / 1e12:,.1f} TFLOP/s")
+    if result.request.global_batch is None:
+        console.print(f"batch: {default_batch_rule(job.seq_len, cluster.gpus)} (--global-batch N to choose)")
     note = framework_note(result.request)
     if note:
         console.print(note)
@@ -311,6 +328,15 @@ def render_result(console: Console, result: PlanResult) -> None:
             f"{_money(cheapest.usd)} {cheapest.name}" if cheapest else "-",
         )
     console.print(table)
+    skipped = next((p.economics.skipped_offers for p in result.plans if p.economics is not None), ())
+    if skipped:
+        from gpufleet.economics.cloud import describe_skipped
+
+        console.print(describe_skipped(list(skipped), cluster.gpus))
+    for plan in result.plans:
+        warning = pipeline_warning(plan)
+        if warning:
+            console.print(f"warning: {warning}")
 
 
 def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:

@@ -25,6 +25,56 @@ class OfferCost:
     usd: float
 
 
+@dataclass(frozen=True)
+class SkippedOffer:
+    """An offer left out of a comparison because it does not sell a cluster of the size asked for."""
+
+    name: str
+    max_gpus: int
+    beyond: str  # "ask": larger clusters are quoted; "none": not sold
+    judgement: bool  # the size limit is a judgement call (catalog capacity.judgement)
+
+    @property
+    def reason(self) -> str:
+        limit = f"sells at most {self.max_gpus:,} GPUs at its listed price"
+        more = "; ask the provider for a quote above that" if self.beyond == "ask" else "; larger clusters not sold"
+        return limit + more + (" (the limit is a judgement call)" if self.judgement else "")
+
+
+def skipped_for_size(offer: CloudOffer, gpus: int) -> SkippedOffer | None:
+    """Why `offer` cannot supply `gpus` GPUs in one cluster, or None when it can (or states no limit)."""
+    capacity = offer.capacity
+    if capacity is None or billed_gpus(gpus, offer) <= capacity.max_gpus:
+        return None
+    return SkippedOffer(offer.id, capacity.max_gpus, capacity.beyond, capacity.judgement)
+
+
+def split_by_size(offers: Iterable[CloudOffer], gpus: int) -> tuple[list[CloudOffer], list[SkippedOffer]]:
+    """(offers that sell `gpus` GPUs, the ones that do not and why), each in the order given."""
+    selling: list[CloudOffer] = []
+    skipped: list[SkippedOffer] = []
+    for offer in offers:
+        reason = skipped_for_size(offer, gpus)
+        if reason is None:
+            selling.append(offer)
+        else:
+            skipped.append(reason)
+    return selling, skipped
+
+
+def describe_skipped(skipped: list[SkippedOffer], gpus: int) -> str:
+    """One line on the offers left out for a cluster of `gpus` GPUs, grouped by the most each sells."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for item in skipped:
+        groups.setdefault((item.max_gpus, item.beyond), []).append(item.name)
+    parts = []
+    for (most, beyond), names in sorted(groups.items(), key=lambda group: -group[0][0]):
+        who = ", ".join(names) if len(names) <= 2 else f"{len(names)} offers"
+        parts.append(f"{who} at most {most:,}" + (" (quotes above)" if beyond == "ask" else ""))
+    return (f"left out {len(skipped)} cloud offer{'s' if len(skipped) != 1 else ''} that do not sell {gpus:,} GPUs "
+            f"at their listed price: {'; '.join(parts)} (--json: skipped_offers)")
+
+
 def all_offers(catalog: Catalog) -> list[CloudOffer]:
     return [offer for offer in catalog.records("cloud_offers").values() if isinstance(offer, CloudOffer)]
 

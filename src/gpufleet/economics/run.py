@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gpufleet.catalog.economics_records import FailureStats
 from gpufleet.catalog.records import NetworkSpec, NodeSpec
 from gpufleet.catalog.registry import Catalog
-from gpufleet.economics.cloud import OfferCost, cost_of_job, offers_for_gpu
+from gpufleet.economics.cloud import OfferCost, SkippedOffer, cost_of_job, offers_for_gpu, split_by_size
 from gpufleet.economics.defaults import facility_defaults, reliability_defaults
 from gpufleet.economics.facility import estimate_facility, nodes_for
 from gpufleet.economics.tco import onprem_tco
@@ -43,7 +43,7 @@ class RunEconomics:
     checkpoint_write_s: float
     checkpoint_interval_s: float
     restart_s: float
-    offers: list[OfferCost]
+    offers: list[OfferCost]  # the offers that sell a cluster of this size, cheapest first
     onprem_usd: float | None
     onprem_usd_per_gpu_hour: float | None
     onprem_utilization: float
@@ -55,6 +55,8 @@ class RunEconomics:
     racks: int
     cooling: str
     failure_source: str
+    #: offers for the GPU that do not sell a cluster of this size at their listed price (catalog `capacity:`)
+    skipped_offers: tuple[SkippedOffer, ...] = ()
 
     @property
     def cheapest_offer(self) -> OfferCost | None:
@@ -95,10 +97,8 @@ def run_economics(
     wall_s = train_time_s / reliability.goodput
     network = _network(catalog, node)
     facility = estimate_facility(node, gpus, facility_cfg, network, mfu=utilization_mfu)
-    offers = sorted(
-        (cost_of_job(offer, gpus, wall_s) for offer in offers_for_gpu(catalog, node.gpu)),
-        key=lambda cost: (cost.usd, cost.name),
-    )
+    selling, skipped = split_by_size(offers_for_gpu(catalog, node.gpu), gpus)
+    offers = sorted((cost_of_job(offer, gpus, wall_s) for offer in selling), key=lambda cost: (cost.usd, cost.name))
     utilization = facility_cfg.fleet_utilization
     onprem_usd = onprem_rate = None
     onprem_note = None
@@ -134,6 +134,7 @@ def run_economics(
         racks=facility.racks,
         cooling=facility.cooling,
         failure_source=failures.source_id,
+        skipped_offers=tuple(skipped),
     )
 
 

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import shortest_path
 
 from gpufleet.errors import InputError
 from gpufleet.fabric.graph import LEAF, FabricGraph, FloatArray, IntArray
@@ -86,6 +84,9 @@ def _tables(graph: FabricGraph) -> _SwitchTables:
     leaf_pos = np.full(len(switches), -1, dtype=np.int64)
     leaf_pos[leaf_rows] = np.arange(len(leaf_rows))
     if len(links):
+        from scipy.sparse import csr_matrix  # scipy is imported when a route is built, not by `gpufleet --help`
+        from scipy.sparse.csgraph import shortest_path
+
         adjacency = csr_matrix((np.ones(len(links)), (tail, head)), shape=(len(switches), len(switches)))
         dist = shortest_path(adjacency, directed=True, unweighted=True, indices=leaf_rows)  # from leaves
         # links are symmetric, so distance from a leaf equals distance to it

@@ -42,10 +42,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from scipy.sparse import csr_matrix
 
 from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import OPS, Op, bus_factor
@@ -63,6 +62,9 @@ from gpufleet.fabric.placement import GroupSpan, Placement, dealt_in_turn
 from gpufleet.fabric.routing import RoutingMode, relay_gpu, route, spans, spray_paths, switch_hops
 from gpufleet.fabric.topology import Cluster
 from gpufleet.fabric.trees import double_binary_tree
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_matrix
 
 Algorithm = Literal["auto", "ring", "tree", "hierarchical", "pairwise", "direct"]
 ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree", "hierarchical", "pairwise", "direct")
@@ -151,6 +153,8 @@ class Incidence:
     only the order of floating-point additions differs from the expanded matrix."""
 
     def __init__(self, own: csr_matrix, shared: csr_matrix | None = None, path_of_flow: IntArray | None = None):
+        from scipy.sparse import csr_matrix  # imported when a collective is simulated, not by `gpufleet --help`
+
         own = csr_matrix(own)
         own.sum_duplicates()
         self.shape: tuple[int, int] = own.shape
@@ -211,7 +215,7 @@ def max_min_rates(incidence: csr_matrix | Incidence, capacity: FloatArray, toler
     vector passes over the links), not rounds x the incidence (a collective over ECMP's colliding paths
     takes thousands of rounds).
     """
-    a = incidence if isinstance(incidence, Incidence) else Incidence(csr_matrix(incidence))
+    a = incidence if isinstance(incidence, Incidence) else Incidence(incidence)
     links, flows = a.shape
     rate = np.zeros(flows)
     active = np.ones(flows, dtype=bool)
@@ -265,6 +269,8 @@ def _solve(graph: FabricGraph, phase: Phase, routing: RoutingMode, seed: int) ->
     column_of = np.zeros(graph.links, dtype=np.int64)
     column_of[used] = np.arange(len(used))
     column = column_of[every]
+    from scipy.sparse import csr_matrix
+
     own = csr_matrix((routes.weight, (column[: len(routes.link)], routes.flow)), shape=(len(used), routes.flows))
     shared = csr_matrix((routes.path_weight, (column[len(routes.link):], routes.path)),
                         shape=(len(used), routes.paths))
