@@ -212,3 +212,16 @@ def test_a_user_catalog_that_is_not_a_regular_file_is_never_read_for_the_key(cac
     done = run_gpufleet("catalog", "show", "h100-sxm", "--catalog", str(path),
                         env={"XDG_CACHE_HOME": str(cache_home)}, timeout=60)
     assert done.returncode == 2 and str(path) in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_the_built_in_catalog_can_be_stored_at_all(cache_home: Path) -> None:
+    """Every record type must survive pickling, or the cache silently stores nothing (a parametrised pydantic
+    generic such as Sourced[bool] has no importable name: that is why catalog/stacks.py names its subclasses)."""
+    import pickle
+
+    from gpufleet.catalog.registry import Catalog
+
+    built = Catalog(())
+    built.check()
+    state = built.snapshot()
+    assert pickle.loads(pickle.dumps(state)).records.keys() == state.records.keys()

@@ -68,6 +68,7 @@ BASELINES: dict[str, list[str]] = {
     "ckpt prune": ["{tmp}/ckpt_root", "--keep-last", "2", "--dry-run"],
     "ckpt upload": ["{tmp}/ckpt_root", "{tmp}/ckpt_store"],
     "ckpt download": ["{tmp}/ckpt_store", "{tmp}/ckpt_root_copy"],
+    "exporter": ["--fake-gpus", "2", "--once"],  # a server: one scrape to stdout, never a listening loop
 }
 
 #: Values every option and argument that takes one is given (a seeded sample of them, per parameter).

@@ -161,7 +161,7 @@ def test_check_reads_sbatch_gpus_and_megatron_degrees(tmp_path: Path) -> None:
 
 
 def test_check_refuses_unreadable_files_in_one_line(tmp_path: Path) -> None:
-    assert "cannot read" in one_error_line(run_gpufleet("launch", "--check", str(tmp_path / "missing.json")))
+    assert "does not exist" in one_error_line(run_gpufleet("launch", "--check", str(tmp_path / "missing.json")))
     broken = _write(tmp_path / "ds.json", "{ not json")
     assert "not valid JSON" in one_error_line(run_gpufleet("launch", "--check", str(broken)))
     prose = _write(tmp_path / "notes.txt", "just some words\n")

@@ -78,7 +78,7 @@ def test_report_refuses_another_versions_plan(saved: Path, tmp_path: Path) -> No
 
 def test_report_refuses_a_missing_file(tmp_path: Path) -> None:
     done = gpufleet("report", str(tmp_path / "nope.json"), "-o", str(tmp_path / "out.html"))
-    assert done.returncode == 2 and "cannot read" in one_error_line(done)
+    assert done.returncode == 2 and "does not exist" in one_error_line(done)
 
 
 def test_unwritable_targets_are_one_line_and_leave_nothing(saved: Path, tmp_path: Path) -> None:

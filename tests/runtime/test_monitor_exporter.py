@@ -236,7 +236,7 @@ def test_exporter_refuses_a_port_in_use_in_one_line() -> None:
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--plan", "/nonexistent/plan.json"], "cannot read the plan file"),
+    (["--plan", "/nonexistent/plan.json"], "the plan file /nonexistent/plan.json does not exist"),
     (["--duration", "0"], "--duration must be a positive"),
     (["--duration", "-3"], "--duration must be a positive"),
     (["--listen", "127.0.0.1:99999"], "--listen must be ADDR:PORT"),

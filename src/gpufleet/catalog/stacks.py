@@ -29,6 +29,44 @@ class Sourced(BaseModel, Generic[T]):
     source: str = Field(min_length=3)
 
 
+# Named subclasses, one per value type: a parametrised generic (Sourced[bool]) has no importable name, so a catalog
+# holding one could not be pickled into the on-disk cache (catalog/cache.py).
+class SourcedBool(Sourced[bool]):
+    pass
+
+
+class SourcedFloat(Sourced[float]):
+    pass
+
+
+class SourcedInt(Sourced[int]):
+    pass
+
+
+class SourcedInts(Sourced[tuple[int, ...]]):
+    pass
+
+
+class SourcedKernel(Sourced[AttentionKernel]):
+    pass
+
+
+class SourcedGradDtype(Sourced[Literal["fp32", "bf16"]]):
+    pass
+
+
+class SourcedDispatch(Sourced[Literal["all-to-all", "dedup"]]):
+    pass
+
+
+class SourcedPolicy(Sourced[Literal["attention", "op"]]):
+    pass
+
+
+class SourcedSharding(Sourced[Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"]]):
+    pass
+
+
 class StackSettings(BaseModel):
     """What a stack runs with where it differs from gpufleet's (Megatron-LM's) defaults; unset keeps the default.
 
@@ -38,28 +76,28 @@ class StackSettings(BaseModel):
     `activation_offload`, `context_parallel`, `sequence_parallel: false`) narrow the layouts both may choose."""
 
     model_config = _Strict
-    attention_kernel: Sourced[AttentionKernel] | None = None
-    grad_dtype: Sourced[Literal["fp32", "bf16"]] | None = None
-    tp_comm_overlap: Sourced[bool] | None = None
-    tp_async_backward: Sourced[bool] | None = None
-    tp_gathered_inputs: Sourced[bool] | None = None
-    ep_imbalance: Sourced[float] | None = None
-    moe_dropless: Sourced[bool] | None = None
-    ep_comm_overlap: Sourced[bool] | None = None
-    ep_dispatch: Sourced[Literal["all-to-all", "dedup"]] | None = None
-    fp32_params: Sourced[bool] | None = None
-    selective_policy: Sourced[Literal["attention", "op"]] | None = None
-    logits_bytes_per_element: Sourced[float] | None = None
-    loss_bytes_per_logit: Sourced[float] | None = None
+    attention_kernel: SourcedKernel | None = None
+    grad_dtype: SourcedGradDtype | None = None
+    tp_comm_overlap: SourcedBool | None = None
+    tp_async_backward: SourcedBool | None = None
+    tp_gathered_inputs: SourcedBool | None = None
+    ep_imbalance: SourcedFloat | None = None
+    moe_dropless: SourcedBool | None = None
+    ep_comm_overlap: SourcedBool | None = None
+    ep_dispatch: SourcedDispatch | None = None
+    fp32_params: SourcedBool | None = None
+    selective_policy: SourcedPolicy | None = None
+    logits_bytes_per_element: SourcedFloat | None = None
+    loss_bytes_per_logit: SourcedFloat | None = None
     # layout defaults (fill a run's null field)
-    sharding: Sourced[Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"]] | None = None
-    sequence_parallel: Sourced[bool] | None = None
-    expert_tp: Sourced[int] | None = None
-    micro_batches_per_pp_stage: Sourced[bool] | None = None
+    sharding: SourcedSharding | None = None
+    sequence_parallel: SourcedBool | None = None
+    expert_tp: SourcedInt | None = None
+    micro_batches_per_pp_stage: SourcedBool | None = None
     # features (narrow the search)
-    vpps: Sourced[tuple[int, ...]] | None = None
-    activation_offload: Sourced[bool] | None = None
-    context_parallel: Sourced[bool] | None = None
+    vpps: SourcedInts | None = None
+    activation_offload: SourcedBool | None = None
+    context_parallel: SourcedBool | None = None
 
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.

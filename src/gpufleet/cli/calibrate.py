@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from gpufleet import __version__
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
+from gpufleet.input_files import load_json
 
 CALIBRATE_HELP = """Write a calibration profile (the catalog's `calibrations:` schema: GEMM fraction and shape curve,
 HBM fraction) from `gpufleet bench gemm` and `bench memory` results, with host, date and gpufleet version; `plan`,
@@ -35,12 +35,7 @@ Examples:
 
 
 def _load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise InputError(f"{path} is not JSON; give the output of a `gpufleet bench ... --json` command") from None
+    return load_json(path, "bench result", "give the output of a `gpufleet bench ... --json` command")
 
 
 def _kind(data: Any) -> str:

@@ -35,10 +35,12 @@ Examples:
 
 def _read_text(path: Path) -> str:
     """A log's text; one line when it cannot be read."""
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give the log file (NCCL_DEBUG=INFO output)")
+    if path.exists() and not path.is_file():  # a named pipe or a device would be read forever
+        raise InputError(f"{path} is not a regular file; give the log file (NCCL_DEBUG=INFO output)")
     try:
         data = path.read_bytes()
-    except IsADirectoryError:
-        raise InputError(f"{path} is a folder; give the log file (NCCL_DEBUG=INFO output)") from None
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror or error}") from None
     return data.decode("utf-8", errors="replace")

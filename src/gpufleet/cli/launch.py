@@ -3,7 +3,6 @@ NCCL env), or `--check` existing ones against the model."""
 
 from __future__ import annotations
 
-import json as jsonlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,17 +41,13 @@ from gpufleet.cli.plan import (
     plan_with_spinner,
 )
 from gpufleet.errors import InputError
+from gpufleet.input_files import load_json
 from gpufleet.planner.plan import PlanRequest
 from gpufleet.units import parse_int_list
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = jsonlib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read {what} {path}: {error.strerror or error}") from error
-    except (UnicodeDecodeError, ValueError) as error:
-        raise InputError(f"{what} {path} is not JSON: {error}") from error
+    data = load_json(path, what)
     if not isinstance(data, dict):
         raise InputError(f"{what} {path} is not a JSON object")
     return data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json as json_module
 from pathlib import Path
 
 import typer
@@ -10,7 +9,7 @@ from rich.console import Console
 
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
-from gpufleet.errors import InputError
+from gpufleet.input_files import load_json
 
 
 def register(app: typer.Typer) -> None:
@@ -39,15 +38,7 @@ def register(app: typer.Typer) -> None:
 
         out = Output(json)
         check_output_path(output, "--output", (".html", ".htm"))
-        try:
-            text = plan_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"cannot read {plan_file}: {getattr(error, 'strerror', None) or error}") from error
-        try:
-            data = json_module.loads(text)
-        except json_module.JSONDecodeError as error:
-            raise InputError(f"{plan_file} is not JSON ({error.msg} at line {error.lineno}); write it with "
-                             "gpufleet plan ... --json") from error
+        data = load_json(plan_file, "plan file", "write it with gpufleet plan ... --json")
         saved = read_saved_plan(data, str(plan_file))
         figures = rerun_figures(saved, open_catalog(catalog), str(plan_file))
         write_plan_report(output, figures, f"Re-planned from {plan_file.name}'s recorded request with the "

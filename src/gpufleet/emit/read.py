@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gpufleet import input_files
 from gpufleet.errors import InputError
 
 Kind = Literal["deepspeed", "megatron", "torchtitan", "sbatch"]
@@ -41,12 +42,8 @@ class ReadConfig:
 
 
 def read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror or error}") from error
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path} is not a text file ({error.reason})") from error
+    """A config file's text: a regular UTF-8 file of bounded size (gpufleet.input_files), else one line."""
+    return input_files.read_text(path, "config file")
 
 
 def kind_of(path: Path, text: str) -> Kind:

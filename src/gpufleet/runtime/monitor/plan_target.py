@@ -3,7 +3,6 @@ the planner): step time, tokens per second per GPU, MFU."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpufleet.errors import InputError
+from gpufleet.input_files import load_json
 
 
 class PlanFileError(InputError):
@@ -53,17 +53,8 @@ class PlanTarget:
 
     @classmethod
     def from_file(cls, path: Path, index: int = 0) -> PlanTarget:
-        try:
-            text = Path(path).read_text()
-        except OSError as error:
-            raise PlanFileError(f"cannot read the plan file {path}: {error.strerror or error}") from None
-        except UnicodeDecodeError:
-            raise PlanFileError(f"the plan file {path} is not text (expected `gpufleet plan --json` output)") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise PlanFileError(f"the plan file {path} is not JSON ({error.msg}, line {error.lineno}); write it with "
-                                "`gpufleet plan ... --json > plan.json`") from None
+        data = load_json(Path(path), "the plan file", "write it with `gpufleet plan ... --json > plan.json`",
+                         error=PlanFileError)
         return cls.from_json(data, index, str(path))
 
 
