@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import Output, fail
+from gpufleet.cli.output import EXIT_STORE_UNREACHABLE, Output, fail
 from gpufleet.errors import InputError
 from gpufleet.units import format_bytes
 
@@ -29,9 +29,6 @@ WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a
 StepOption = typer.Option(None, "--step", help="Only this step (default: every checkpoint).")
 URL_FORMS = "a folder, or a URL such as s3://bucket/prefix"
 SET_ASIDE_NOTE = "set aside (not a checkpoint; delete when reviewed)"
-EXIT_STORE_UNREACHABLE = 3
-"""`ckpt` exits 3 when the store did not answer within the deadline: apart from 1 (a check failed) and 2 (bad input),
-so a script can tell "try again later" from "something is wrong"."""
 DEFAULT_DEADLINE_S = 30.0
 """Judgement call: long enough to ride out a connection reset or a store's brief 5xx burst, short enough that a
 script learns of an outage in well under a minute."""

@@ -1,7 +1,8 @@
 """The one object that owns what the CLI prints: tables or JSON on stdout, one-line errors, exit codes.
 
 Exit codes: 0 success; 1 a check the user asked for failed (verify found bad files, a job does not
-fit); 2 the user's input is wrong (unknown name, bad flag value, malformed file). Either way the reason is
+fit); 2 the user's input is wrong (unknown name, bad flag value, malformed file); 3 a remote checkpoint store
+did not answer within the deadline (`ckpt upload/download`: try again later). Either way the reason is
 one line on stderr; a failed check in --json mode still prints a JSON document (with "error") on stdout.
 """
 
@@ -24,6 +25,9 @@ from gpufleet.errors import shorten
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
+#: a remote store (ckpt upload/download, a restore) did not answer within the deadline: "try again later", apart
+#: from 1 (a check failed) and 2 (bad input)
+EXIT_STORE_UNREACHABLE = 3
 
 
 def _json_default(value: Any) -> Any:
