@@ -210,6 +210,7 @@ def test_gpu_shaped_sbatch_passes_test_only(slurm64: SlurmCluster, h100_64: Laun
 
 ALLREDUCE = """\
 import os
+import pathlib
 import torch
 import torch.distributed as dist
 
@@ -217,8 +218,10 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
-print(f"rank={rank} world={world} node={os.environ['GROUP_RANK']} slurm_node={os.environ['SLURM_NODEID']} "
-      f"local={os.environ['LOCAL_RANK']} sum={value.item():g}", flush=True)
+# one file per rank: four processes printing to the one Slurm output file can interleave their lines
+pathlib.Path(__file__).with_name(f"rank-{rank}.txt").write_text(
+    f"rank={rank} world={world} node={os.environ['GROUP_RANK']} slurm_node={os.environ['SLURM_NODEID']} "
+    f"local={os.environ['LOCAL_RANK']} sum={value.item():g}")
 dist.destroy_process_group()
 """
 
@@ -252,7 +255,7 @@ def test_emitted_sbatch_runs_a_torchrun_gloo_job(slurm64: SlurmCluster, tmp_path
     state = slurm64.wait_state(job, {"COMPLETED"}, timeout_s=240)
     output = (tmp_path / f"gpufleet-{job}.out").read_text()
     assert state == "COMPLETED", output + slurm64.logs()
-    rows = [dict(kv.split("=") for kv in line.split()) for line in output.splitlines() if line.startswith("rank=")]
+    rows = [dict(kv.split("=") for kv in path.read_text().split()) for path in sorted(tmp_path.glob("rank-*.txt"))]
     assert sorted(int(r["rank"]) for r in rows) == [0, 1, 2, 3]
     assert all(r["world"] == "4" and r["sum"] == "10" for r in rows)  # 1 + 2 + 3 + 4
     # block order: rank = node rank x 2 + local rank, node rank = Slurm's host order
