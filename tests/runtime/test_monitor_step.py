@@ -37,7 +37,7 @@ def test_plan_json_from_gpufleet_plan_is_read_as_plain_json(tmp_path: Path) -> N
     assert PlanTarget.from_file(path, 1).step_s == 3.0
     with pytest.raises(PlanFileError, match="index must be in"):
         PlanTarget.from_file(path, 2)
-    with pytest.raises(PlanFileError, match="the plan file .* does not exist"):
+    with pytest.raises(PlanFileError, match=r"the plan file .* does not exist"):
         PlanTarget.from_file(tmp_path / "missing.json")
     with pytest.raises(PlanFileError, match="no plans"):
         PlanTarget.from_json({"plans": []})
