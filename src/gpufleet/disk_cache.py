@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import stat
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.fsio import read_regular_file
 
 CACHE_HOME_ENV = "XDG_CACHE_HOME"
 DISABLE_ENV = "GPUFLEET_NO_CACHE"
@@ -62,21 +62,13 @@ MAX_KEYED_BYTES = 64 * 2**20
 
 
 def _regular_file_bytes(path: Path) -> bytes:
-    """A regular file's bytes; OSError for anything else (a named pipe is opened without blocking and never read,
-    a device or a huge file is not read), so that the caller skips the cache and the file's own reader names the
-    problem."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    """A regular file's bytes; OSError for anything else (fsio.read_regular_file: a named pipe is opened without
+    blocking and never read, a device or a huge file is not read), so that the caller skips the cache and the
+    file's own reader names the problem."""
     try:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEYED_BYTES:
-            raise OSError(f"{path} is not a regular file of at most {MAX_KEYED_BYTES} bytes")
-        with os.fdopen(os.dup(descriptor), "rb") as file:
-            data = file.read(MAX_KEYED_BYTES + 1)
-    finally:
-        os.close(descriptor)
-    if len(data) > MAX_KEYED_BYTES:
-        raise OSError(f"{path} grew past {MAX_KEYED_BYTES} bytes while it was read")
-    return data
+        return read_regular_file(path, MAX_KEYED_BYTES)
+    except ValueError as problem:  # a NUL in the name
+        raise OSError(str(problem)) from None
 
 
 def entry_path(name: str, *parts: str) -> Path:

@@ -9,14 +9,13 @@ text read some other way (a file on an object store).
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpufleet.errors import GpufleetError, InputError
+from gpufleet.fsio import FileTooLarge, NotARegularFile, read_regular_file
 from gpufleet.units import format_bytes
 
 #: The largest input file read (judgement: the largest shipped file, a run file, is ~150 KB; 16 MiB is 100x that,
@@ -26,49 +25,27 @@ MAX_INPUT_BYTES = 16 * 2**20
 #: Python's parsers would overflow their stack near a few hundred).
 MAX_NESTING_LEVELS = 100
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
 def read_text(path: Path, what: str, error: type[GpufleetError] = InputError) -> str:
     """The UTF-8 text of `path`, refused in one line (`error`) unless it is a regular file of at most
-    MAX_INPUT_BYTES. The file is opened without blocking and checked on the open descriptor, so a named pipe (even
-    one swapped in after a check) never blocks."""
+    MAX_INPUT_BYTES (fsio.read_regular_file: opened without blocking and checked on the open descriptor, so a
+    named pipe, even one swapped in after a check, never blocks)."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        data = read_regular_file(path, MAX_INPUT_BYTES)
     except FileNotFoundError:
         raise error(f"{what} {path} does not exist") from None
     except ValueError:  # a NUL character: no file can have that name
         raise error(f"{what} {str(path)!r} is not a file name (it holds a NUL character)") from None
+    except NotARegularFile as problem:
+        raise error(f"{what} {path} is {problem.kind}, not a regular file; give a file") from None
+    except FileTooLarge as problem:
+        if problem.grew:
+            raise error(f"{what} {path} grew past {format_bytes(MAX_INPUT_BYTES)} while it was read") from None
+        raise error(f"{what} {path} is {format_bytes(problem.size_bytes)}; at most {format_bytes(MAX_INPUT_BYTES)} "
+                    "is read") from None
     except OSError as problem:
         raise error(f"cannot read {what} {path}: {problem.strerror}") from None
     try:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; give a file")
-        if info.st_size > MAX_INPUT_BYTES:
-            raise error(f"{what} {path} is {format_bytes(info.st_size)}; at most {format_bytes(MAX_INPUT_BYTES)} "
-                        "is read")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_INPUT_BYTES:  # a file that grows while it is read is still bounded
-            chunk = os.read(descriptor, min(2**20, MAX_INPUT_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as problem:
-        raise error(f"cannot read {what} {path}: {problem.strerror}") from None
-    finally:
-        os.close(descriptor)
-    if size > MAX_INPUT_BYTES:
-        raise error(f"{what} {path} grew past {format_bytes(MAX_INPUT_BYTES)} while it was read")
-    try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as problem:
         raise error(f"{what} {path} is not UTF-8 text (byte {problem.start})") from None
 

@@ -9,14 +9,7 @@ from pathlib import Path
 
 from gpufleet.emit.spec import EmittedFile
 from gpufleet.errors import InputError
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from gpufleet.fsio import fsync_dir
 
 
 def _check_paths(files: list[EmittedFile]) -> None:
@@ -57,7 +50,7 @@ def write_files(out_dir: Path, files: list[EmittedFile], force: bool = False) ->
                 handle.flush()
                 os.fsync(handle.fileno())
             target.chmod(0o755 if item.executable else 0o644)
-        _fsync_dir(staging)
+        fsync_dir(staging)
         _swap_in(staging, out_dir.absolute())
     except OSError as error:
         shutil.rmtree(staging, ignore_errors=True)
@@ -78,4 +71,4 @@ def _swap_in(staging: Path, final: Path) -> None:
             os.rename(old, final)
             raise
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)

@@ -1,15 +1,16 @@
-"""Durable file-system steps: fsync a file or a directory, atomic replace (of a file or a directory), delete by
-rename first, move aside; and reading a small file that may be anything (a pipe, a folder, huge) safely."""
+"""Durable file-system steps: fsync a file (a directory: gpufleet.fsio.fsync_dir, imported here), atomic
+replace (of a file or a directory), delete by rename first, move aside; and reading a small file that may be
+anything (a pipe, a folder, huge) safely."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
+from gpufleet.fsio import fsync_dir, read_regular_file
 from gpufleet.runtime.checkpoint.names import SET_ASIDE_MARK, TRASH_PREFIX
 
 
@@ -19,43 +20,15 @@ def is_local(fs: Any) -> bool:
 
 
 def read_small_file(path: str, max_bytes: int) -> bytes:
-    """The bytes of the regular file at `path` (links followed), refusing anything else before reading it.
-
-    Opened without blocking, so a named pipe or a device is refused at once instead of read forever; then it must
-    be a regular file of at most `max_bytes`, and no more than `max_bytes` are read even if it grows meanwhile.
-    Raises OSError (a folder is IsADirectoryError) or ValueError naming what it found. Reads only: no crash
-    semantics to speak of.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(21, "is a folder, not a file", path)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is not a regular file (a pipe, a socket or a device)")
-        if info.st_size > max_bytes:
-            raise ValueError(f"{path} is {info.st_size} bytes, more than the {max_bytes} allowed")
-        with open(fd, "rb", closefd=False) as handle:
-            data = handle.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise ValueError(f"{path} grew past the {max_bytes} bytes allowed while it was read")
-    return data
+    """The bytes of the regular file at `path`, at most `max_bytes` (gpufleet.fsio.read_regular_file: a pipe or a
+    device is refused at once, never read forever). Raises OSError (a folder is fsio.NotARegularFile, an OSError)
+    or ValueError. Reads only: no crash semantics to speak of."""
+    return read_regular_file(path, max_bytes)
 
 
 def fsync_file(path: Path) -> None:
     """Flush one file's data and metadata to the device."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a directory's entries (a rename or create inside it) to the device."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
