@@ -253,16 +253,19 @@ def test_doc_seed_files_present() -> None:
 def test_doc_verdict_counts_match_the_claims() -> None:
     """The count table at the top of the doc agrees with the verdicts of the claims below it."""
     text = DOC.read_text(encoding="utf-8")
-    classes = Counter()
+    verdicts = {}
     for match in _CLAIM.finditer(text):
         verdict = match["verdict"].lower()
-        classes[next(name for name in ("not checkable here", "holds with caveat", "holds", "wrong")
-                     if verdict.startswith(name))] += 1
+        verdicts[match["id"]] = next(name for name in ("not checkable here", "holds with caveat", "holds", "wrong")
+                                     if verdict.startswith(name))
+    summary = dict(re.findall(r"^\| (S[02]-\d\d) \| [^|]+ \| .*? \| ([a-z ]+) \| ", text, re.MULTILINE))
+    assert summary == verdicts  # the summary table lists every claim once, with the verdict its section gives
+    classes = Counter(verdicts.values())
     for name, count in classes.items():
         assert f"| {name} | {count} |" in text, name
     assert f"| **all** | **{sum(classes.values())}** |" in text
     ids = [match["id"] for match in _CLAIM.finditer(text)]
-    assert len(ids) == len(set(ids)) >= 80
+    assert len(ids) == len(set(ids)) == len(verdicts) >= 80
 
 
 def _click_command(root: Any, tokens: list[str]) -> tuple[Any, list[str]]:
