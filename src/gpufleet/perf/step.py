@@ -36,6 +36,7 @@ from gpufleet.perf.compute import (
     layer_compute,
     logits_compute_s,
 )
+from gpufleet.perf.dp_scaling import straggler_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
@@ -87,6 +88,11 @@ class StepOptions:
     #: (forwarded over NVLink there) and, inside one node, once per GPU (DeepEP / HybridEP, DeepSeek-V3's
     #: dispatch); "all-to-all": one copy per routed expert (Megatron-Core's alltoall dispatcher)
     ep_dispatch: Literal["all-to-all", "dedup"] = "all-to-all"
+    #: relative spread of per-GPU speed: the step waits for the slowest of the job's GPUs (perf/dp_scaling.py;
+    #: dp_scaling.GPU_SPEED_SIGMA is the sourced value); 0: off. Scope "job": over a median GPU; "replicas": only
+    #: what dp adds over one replica of tp*pp*cp GPUs
+    straggler_sigma: float = 0.0
+    straggler_scope: Literal["job", "replicas"] = "job"
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,7 +495,9 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                         compute_per_micro_batch_s=slowest - p2p_per_mb_s - stage_nic_s[worst_stage],
                         grad_wire_bytes=options.memory.reduced_grad_bytes(job.precision))
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
-    step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s
+    sync_s = straggler_s(pipeline_s, layout.gpus, options.straggler_sigma,  # perf/dp_scaling.py
+                         layout.gpus // layout.dp if options.straggler_scope == "replicas" else 1)
+    step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s + sync_s
 
     # --- parts for --explain ------------------------------------------------------------------
     compute_parts = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, "recompute": 0.0}
@@ -541,6 +549,8 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         parts["bubble"] = Part(bubble_s)
     if dp.total_s:
         parts["comm.dp"] = Part(dp.exposed_s, dp.total_s - dp.exposed_s, dp.link)
+    if sync_s:
+        parts["sync.stragglers"] = Part(sync_s, 0.0, f"slowest of {layout.gpus} GPUs")
     parts["optimizer"] = Part(optimizer_s)
     parts["overhead"] = Part(options.step_overhead_s)
     imbalance = m * (slowest - mean_stage)

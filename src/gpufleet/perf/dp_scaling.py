@@ -1,0 +1,88 @@
+"""What a step loses waiting for the slowest of its GPUs: a cost that grows with dp (docs/dp-scaling.md).
+
+Identical GPUs are not equally fast. Sinha et al. ("Not All GPUs Are Created Equal", SC22, arXiv 2208.11035)
+ran the same kernels on more than 90 % of the GPUs of five clusters (V100, MI60) and found an average
+performance variation of 8 % (22 % at most) between GPUs of one SKU, with outliers 1.5x slower than the median;
+manufacturing spread and power management (clocks under a power cap) are the causes. A training step cannot
+finish before its slowest GPU: tensor-parallel collectives wait for the slowest member of each group at every
+layer, the pipeline for its slowest stage at every micro-batch, and the gradient reduction for the slowest
+replica at every step. With N GPUs whose speeds scatter as a normal law of relative spread sigma, the job runs at
+the pace of the expected slowest of N:
+
+    slowdown(N) = sigma * e(N),    e(N) = E[max of N independent standard normals]
+
+e(N) grows like sqrt(2 ln N) (and never exceeds it): e(8) = 1.42, e(128) = 2.59, e(8192) = 3.80. N is every
+GPU of the job, not only the data-parallel replicas: a tensor-parallel group waits for its slowest member at every
+layer just as replicas wait for the slowest replica, so for a fixed GPU count the term is the same for every layout
+(it moves no ranking) and at fixed tp*pp it grows with dp. The reference is one GPU of median speed, which is what
+the single-GPU GEMM benchmarks behind the calibration measure.
+
+Growing dp 3x at fixed tp*pp adds sigma * (e(3N) - e(N)) ~ sigma * ln 3 / sqrt(2 ln N): 0.28 sigma at N = 2048.
+With sigma of a few per cent that is well under 1 %: this mechanism cannot explain a 5-15 % loss per 3x of dp on
+its own; docs/dp-scaling.md gives the arithmetic and what the run files say.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from gpufleet.errors import InputError
+
+#: Relative spread (one standard deviation) of per-GPU speed within one SKU. Judgement from Sinha et al. (SC22):
+#: reading their 8 % average variation as the span between the box plot's whiskers (no outliers), which for a
+#: normal law is about 5.4 sigma (Q1 - 1.5 IQR to Q3 + 1.5 IQR = +-2.70 sigma): 8 % / 5.4 = 1.5 %.
+GPU_SPEED_SIGMA = 0.015
+#: Span of the integration grid for e(n), in standard deviations each side (the tail beyond 9 sigma holds
+#: n * 1e-19 of the probability: nothing for any cluster that exists).
+_GRID_HALF_WIDTH = 9.0
+_GRID_POINTS = 18001
+
+
+@lru_cache(maxsize=1)
+def _grid() -> tuple[np.ndarray, np.ndarray]:
+    """The integration grid x and log Phi(x), Phi the standard normal distribution function."""
+    x = np.linspace(-_GRID_HALF_WIDTH, _GRID_HALF_WIDTH, _GRID_POINTS)
+    x[_GRID_POINTS // 2] = 0.0  # both halves end on the exact origin
+    cdf = np.array([0.5 * math.erfc(-value / math.sqrt(2.0)) for value in x])
+    return x, np.log(cdf)
+
+
+@lru_cache(maxsize=4096)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals], by E[X] = int_0^inf (1 - F) dx - int_-inf^0 F dx with
+    F = Phi^n (trapezoid rule on a fine grid; e(2) = 1/sqrt(pi), e(3) = 1.5/sqrt(pi))."""
+    if n < 1:
+        raise InputError(f"expected_max_normal needs n >= 1, got {n}")
+    if n == 1:
+        return 0.0
+    x, log_cdf = _grid()
+    cdf_n = np.exp(n * log_cdf)
+    origin = _GRID_POINTS // 2
+    upper = np.trapezoid(1.0 - cdf_n[origin:], x[origin:])
+    lower = np.trapezoid(cdf_n[:origin + 1], x[:origin + 1])
+    return float(upper - lower)
+
+
+def straggler_fraction(gpus: int, sigma: float = GPU_SPEED_SIGMA, already_paced: int = 1) -> float:
+    """Share by which the slowest of `gpus` GPUs, all synchronised every step, lengthens the critical path over
+    the slowest of `already_paced` of them: sigma * (e(gpus) - e(already_paced)).
+
+    already_paced = 1 ("job" scope): over a GPU of median speed, what the single-GPU GEMM benchmarks behind the
+    calibration measure. already_paced = tp*pp*cp ("replicas" scope): only what data-parallel replicas add by
+    waiting for each other, zero at dp = 1 (the within-replica spread left to the calibration)."""
+    if gpus < 1 or not 1 <= already_paced <= gpus:
+        raise InputError(f"straggler_fraction needs gpus >= 1 and 1 <= already_paced <= gpus, got {gpus} and "
+                         f"{already_paced}")
+    if sigma < 0:
+        raise InputError(f"straggler_fraction needs sigma >= 0, got {sigma}")
+    return sigma * (expected_max_normal(gpus) - expected_max_normal(already_paced))
+
+
+def straggler_s(critical_path_s: float, gpus: int, sigma: float, already_paced: int = 1) -> float:
+    """Seconds the slowest of a job's `gpus` GPUs adds to a step whose critical path at median speed (pipeline
+    compute, in-line communication and bubble: all of it runs at the pace of the slowest GPU) is
+    `critical_path_s` (`straggler_fraction` for `already_paced`)."""
+    return critical_path_s * straggler_fraction(gpus, sigma, already_paced)
