@@ -19,6 +19,7 @@ from clirun import one_error_line
 from clirun import run_gpufleet as gpufleet
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import load_catalog
+from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import CROSS_LEAF_HOPS
 from gpufleet.fabric.graph import join_clusters
 from gpufleet.fabric.simulate import simulate_ranks
@@ -29,6 +30,7 @@ from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.perf.wan import backward_window_s, dp_across_sites, pp_across_sites, with_wan
 from gpufleet.planner.plan import PlanRequest, make_plan
 from gpufleet.planner.sites import MAX_SITES, search_sites
+from gpufleet.units import parse_latency_s
 from gpufleet.workload.job import Job
 
 CATALOG = load_catalog()
@@ -266,3 +268,15 @@ def test_sites_1_prints_todays_plan() -> None:
 ])
 def test_bad_site_input_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
     assert expected in one_error_line(gpufleet("plan", "-m", "llama3-8b", *args, timeout=60))
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5ms", 5e-3), ("800us", 800e-6), ("800µs", 800e-6),
+                                               ("40ns", 40e-9), ("0.02s", 0.02), ("1.5 ms", 1.5e-3)])
+def test_latencies_are_read_with_their_unit(text: str, seconds: float) -> None:
+    assert parse_latency_s(text, "--wan-latency") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["5", "5min", "0ms", "-5ms", "fast", "1e400ms"])
+def test_a_latency_without_a_short_unit_or_not_positive_is_refused(text: str) -> None:
+    with pytest.raises(InputError, match="--wan-latency"):
+        parse_latency_s(text, "--wan-latency")
