@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -280,3 +281,16 @@ def test_latencies_are_read_with_their_unit(text: str, seconds: float) -> None:
 def test_a_latency_without_a_short_unit_or_not_positive_is_refused(text: str) -> None:
     with pytest.raises(InputError, match="--wan-latency"):
         parse_latency_s(text, "--wan-latency")
+
+
+@pytest.mark.timeout(120)
+def test_launch_refuses_a_plan_over_sites(tmp_path: Path) -> None:
+    done = gpufleet("plan", "-m", "llama3-8b", "-n", "16", "--sites", "2", "--wan-gbps", "100", "--wan-latency",
+                    "2ms", "--top", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    saved = tmp_path / "two-sites.json"
+    saved.write_text(done.stdout)
+    line = one_error_line(gpufleet("launch", "--plan", str(saved), "--target", "all", "--out", str(tmp_path / "run"),
+                                      timeout=60))
+    assert "plan over 2 sites" in line
+    assert not (tmp_path / "run").exists()

@@ -61,9 +61,10 @@ def check_sites(sites: int, wan_gbps: float | None, wan_latency_s: float | None,
     WanLink(wan_gbps, wan_latency_s)  # positive, finite
     uneven = next((count for count in gpus if count % sites), None)
     if uneven is not None:
-        lower, upper = uneven // sites * sites, (uneven // sites + 1) * sites
+        nearest = " or ".join(str(count) for count in (uneven // sites * sites, (uneven // sites + 1) * sites)
+                              if count > 0)
         raise InputError(f"--gpus {uneven} does not split evenly over {sites} sites: give a multiple of {sites} "
-                         f"(e.g. {lower or upper} or {upper})")
+                         f"(e.g. {nearest})")
     if fabric_model != "analytical":
         raise InputError(f"--fabric-model {fabric_model} does not model the WAN between sites; plan --sites with "
                          "the analytical model")
