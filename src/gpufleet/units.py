@@ -102,6 +102,18 @@ def parse_duration_s(text: str, what: str = "duration") -> float:
     return _positive_finite(value, text, what)
 
 
+_LATENCY_SUFFIX = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_latency_s(text: str, what: str = "latency") -> float:
+    """A short duration with its unit: '5ms' -> 0.005 s; '800us' (or µs), '40ns', '0.02s'. Must be > 0."""
+    match = re.fullmatch(_NUMBER + r"\s*(ns|us|µs|ms|s)", text.strip().lower())
+    if not match:
+        raise InputError(f"{what} {text!r} is not a latency with its unit, such as 5ms, 800us or 0.02s")
+    value = float(match.group(1)) * _LATENCY_SUFFIX[match.group(2)]
+    return _positive_finite(value, text, what)
+
+
 def parse_ratio(text: str, what: str = "oversubscription") -> float:
     """'4:1' -> 4.0, '1:1' -> 1.0, '2' -> 2.0. Must be >= 1."""
     match = re.fullmatch(_NUMBER + r"(?:\s*:\s*" + _NUMBER + r")?", text.strip())

@@ -59,6 +59,9 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
     if version != __version__:
         raise InputError(f"--plan {path} was written by gpufleet {version or 'of an unknown version'}, this is "
                          f"{__version__}: re-run `gpufleet plan --json` with this version")
+    sites = data.get("request", {}).get("sites", 1) if isinstance(data.get("request"), dict) else 1
+    if sites != 1:
+        raise InputError(f"--plan {path} is a plan over {sites} sites; launch writes one site's files only")
     try:
         job, cluster, framework = data["job"], data["cluster"], data["framework"]
         ranking, plans = data.get("ranking", {}), data["plans"]

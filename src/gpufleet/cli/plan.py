@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -40,6 +40,7 @@ from gpufleet.planner.plan import (
 )
 from gpufleet.planner.runs import framework_options, stack_search_space
 from gpufleet.planner.search import SearchSpace
+from gpufleet.planner.sites import sites_fields
 from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.report.saved import saved_header
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
@@ -398,6 +399,13 @@ def register(app: typer.Typer) -> None:
         selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption,
         stack: str | None = StackOption,
+        sites: int = typer.Option(None, "--sites", help="Sites the GPUs split over evenly (1-8), joined by "
+                                  "--wan-gbps and --wan-latency; data or pipeline parallelism crosses them "
+                                  "(docs/two-sites.md)."),
+        wan_gbps: float = typer.Option(None, "--wan-gbps", help="With --sites: the link between sites, Gb/s "
+                                       "each way (what it delivers)."),
+        wan_latency: str = typer.Option(None, "--wan-latency", help="With --sites: the link's one-way latency, "
+                                        "e.g. 5ms."),
         catalog: list[Path] = CatalogOption,
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
@@ -409,6 +417,7 @@ def register(app: typer.Typer) -> None:
         * `gpufleet plan` — Llama 3.1 8B, 1T tokens on 64 H100s.
         * `gpufleet plan -m llama3-70b -t 15T -g h100-sxm -n 1024 --explain 1`
         * `gpufleet plan -m llama3-70b -t 2T -n 256-4096 --deadline 30d` — smallest cluster that meets it.
+        * `gpufleet plan -m llama3-70b -n 2048 --sites 2 --wan-gbps 200 --wan-latency 5ms --explain 1` — two sites.
         """
         out = Output(json)
         cat = open_catalog(with_calibration(catalog, calibration))
@@ -420,6 +429,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--budget must be positive, got {budget}")
         counts = parse_int_list(gpus, "--gpus", most=MAX_SWEEP_COUNTS)
         check_gpu_count(max(counts))
+        site_fields = sites_fields(sites, wan_gbps, wan_latency, counts, fabric_model)
         deadline_s = parse_duration_s(deadline, "--deadline") if deadline else None
         sweep = len(counts) > 1 or deadline_s is not None
         single_only = {"--top": top, "--explain": explain, "--budget": budget}
@@ -439,7 +449,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--top must be at least 1, got {top}")
         if explain is not None and not 1 <= explain <= top:
             raise InputError(f"--explain RANK must be between 1 and --top ({top})")
-        base = plan_request(cat, given, counts[0], top)
+        base = replace(plan_request(cat, given, counts[0], top), **site_fields)
         if not sweep:
             result = plan_with_spinner(out, base, cat)
             _emit_single(out, result, explain, budget, top, html_report, cat)

@@ -54,6 +54,10 @@ class PlanRequest:
     stack: str | None = None  # the `plan --stack` name whose settings `options` carry (for the report)
     #: the layouts the framework offers (a stack without SP, CP or activation offload narrows it)
     search_space: SearchSpace = field(default_factory=SearchSpace)
+    #: sites the GPUs split over evenly, and the WAN link between them (planner/sites.py; 1 = one site, no link)
+    sites: int = 1
+    wan_gbps: float | None = None  # each way, what the link delivers
+    wan_latency_s: float | None = None  # one-way
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,13 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     gpu = cluster.gpu
     gpu.peak_flops(job.precision)  # fail early on an unsupported precision
     calibration = stack_calibration(catalog.calibration(gpu.id), request.attention_kernel)
-    found = search(job, cluster, calibration, space=request.search_space, options=request.options,
-                   progress=progress)
+    if request.sites != 1 or request.wan_gbps is not None or request.wan_latency_s is not None:
+        from gpufleet.planner.sites import search_request_sites
+
+        found = search_request_sites(request, job, cluster, calibration, progress)
+    else:
+        found = search(job, cluster, calibration, space=request.search_space, options=request.options,
+                       progress=progress)
     if not found.feasible:
         if not found.tried:
             raise NoLegalLayoutError(describe_no_legal_layout(request, catalog, job, cluster))
