@@ -165,7 +165,7 @@ def test_a_profile_without_the_new_fields_plans_exactly_as_before(tmp_path: Path
     old = tmp_path / "old.yaml"  # an older profile file: none of the measured-collective or disk keys
     entry = {key: value for key, value in load_catalog().calibration("h100-sxm").model_dump(
         mode="json", exclude_none=True).items() if key not in ("collectives", "checkpoint_write_gbytes_per_s",
-                                                                "optimizer_gbytes_per_s")}
+                                                                "optimizer_s_per_param")}
     old.write_text(yaml.safe_dump({"calibrations": [entry]}))
     [profile] = read_calibration_file(old)
     assert profile.collectives == () and profile.checkpoint_write_gbytes_per_s is None

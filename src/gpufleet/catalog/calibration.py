@@ -98,10 +98,11 @@ class CalibrationProfile(Record):
         description="sequential write with fsync at the checkpoint path, one node (bench disk), GB/s; replaces "
         "reliability_defaults' per-node write bandwidth (the storage system's aggregate cap still applies)",
     )
-    optimizer_gbytes_per_s: float | None = Field(
+    optimizer_s_per_param: float | None = Field(
         default=None, gt=0,
-        description="the optimizer update over the model's own parameter shards, as the framework runs it (per-tensor "
-        "dispatch included), in GB/s of the step model's Adam traffic; unset = HBM bandwidth x hbm_fraction",
+        description="seconds per local parameter of the optimizer update as the framework runs it over the model's "
+        "own parameter shards (per-tensor dispatch included; burnin --measure-host); unset = the step model's Adam "
+        "traffic at HBM bandwidth x hbm_fraction",
     )
 
     def gemm_fraction(self, precision: str) -> float:
@@ -110,8 +111,6 @@ class CalibrationProfile(Record):
             return self.gemm_fraction_fp8 * self.gemm_sustained_fraction
         return self.gemm_fraction_16bit * self.gemm_sustained_fraction
 
-    def optimizer_bytes_per_s(self, hbm_bytes_per_s: float) -> float:
-        """Bandwidth of the optimizer update's traffic: measured (`optimizer_gbytes_per_s`) or the HBM's share."""
-        if self.optimizer_gbytes_per_s is not None:
-            return self.optimizer_gbytes_per_s * 1e9
-        return hbm_bytes_per_s * self.hbm_fraction
+    def optimizer_seconds_per_param(self, modeled_s_per_param: float) -> float:
+        """Optimizer seconds per local parameter: measured (`optimizer_s_per_param`), else the model's figure."""
+        return modeled_s_per_param if self.optimizer_s_per_param is None else self.optimizer_s_per_param
