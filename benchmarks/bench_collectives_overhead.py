@@ -1,13 +1,16 @@
 """`gpufleet bench collectives` vs a bare torch.distributed timing loop of the same sizes: the overhead it adds.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/bench_collectives_overhead.py [--max-bytes 4MiB] [--rounds 3]
+    torchrun --standalone --nproc-per-node 2 benchmarks/bench_collectives_overhead.py [--max-bytes 4MiB] [--rounds 10]
 
-Rank 0 prints `name=value` lines: overhead (our per-call time / the bare loop's, minus 1, median over sizes of the
-best of --rounds; target <= 0.05) and the raw per-size figures. The bare loop is what one writes by hand:
-`dist.all_reduce(t)` `iters` times between two perf_counter reads after a barrier. Ours is
-`gpufleet.runtime.bench.collectives.bench_collectives` (the code `gpufleet bench collectives` runs), all-reduce
-only, same iters and warmup. The two alternate size by size, and which one goes first alternates by round
-(the first timing after a change of size is slower, whichever side runs it), so both see the same machine state.
+Rank 0 prints `name=value` lines: `ratio` (our per-call time / the bare loop's: the median over every round and
+size of the two timings taken back to back; target <= 1.05), `overhead` (ratio - 1), the median ratio per size and
+each side's median time per size. Ours is `gpufleet.runtime.bench.collectives.bench_collectives` (the code `gpufleet
+bench collectives` runs), all-reduce only; the bare loop is what one writes by hand: `dist.all_reduce(t)` `iters`
+times between two perf_counter reads after a barrier, the slowest rank's time. Both use the same process group,
+the same sizes, iters and warm-up calls. Robustness on a shared machine: the two sides alternate size by size and
+which goes first alternates by round (the first timing after a change of size pays for gloo's buffers, whichever
+side runs it), and every figure is a median of paired ratios, so a burst of load from other jobs moves one pair,
+not the result.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ def bare_all_reduce_s(size_bytes: int, iters: int, warmup: int) -> float:
     return float(elapsed.item())
 
 
+def ours_all_reduce_s(size_bytes: int, iters: int, warmup: int) -> float:
+    [row] = bench_collectives(dist, CollectivesRequest(["all-reduce"], [size_bytes], iters, warmup))
+    return row.time_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-bytes", default="64KiB")
@@ -50,26 +58,20 @@ def main() -> None:
     ours: dict[int, list[float]] = {size: [] for size in sizes}
     bare: dict[int, list[float]] = {size: [] for size in sizes}
     for round_index in range(args.rounds):
-        for size in sizes:  # the sides alternate size by size, and which goes first alternates by round: the first
-            # timing after a change of size pays for gloo's buffers, whichever side it is (measured: 2-3x)
-            def run_ours(size: int = size) -> None:
-                [row] = bench_collectives(dist, CollectivesRequest(["all-reduce"], [size], args.iters, args.warmup))
-                ours[size].append(row.time_s)
-
-            def run_bare(size: int = size) -> None:
-                bare[size].append(bare_all_reduce_s(size, args.iters, args.warmup))
-
-            for run in (run_ours, run_bare) if round_index % 2 == 0 else (run_bare, run_ours):
-                run()
-    if dist.get_rank() == 0:
-        ratios = []
         for size in sizes:
-            ratio = min(ours[size]) / min(bare[size])
-            ratios.append(ratio)
-            print(f"size_{size}_ours_s={min(ours[size]):.4g} size_{size}_bare_s={min(bare[size]):.4g} "
-                  f"ratio={ratio:.3f}")
-        print(f"ranks={dist.get_world_size()}")
-        print(f"overhead={statistics.median(ratios) - 1:+.3f}")
+            sides = [(ours_all_reduce_s, ours[size]), (bare_all_reduce_s, bare[size])]
+            for timer, into in sides if round_index % 2 == 0 else sides[::-1]:
+                into.append(timer(size, args.iters, args.warmup))
+    if dist.get_rank() == 0:
+        paired = {size: [o / b for o, b in zip(ours[size], bare[size], strict=True)] for size in sizes}
+        for size in sizes:
+            print(f"size_{size}_ours_s={statistics.median(ours[size]):.4g} "
+                  f"size_{size}_bare_s={statistics.median(bare[size]):.4g} "
+                  f"size_{size}_ratio={statistics.median(paired[size]):.3f}")
+        ratio = statistics.median(r for size in sizes for r in paired[size])
+        print(f"ranks={dist.get_world_size()} rounds={args.rounds} iters={args.iters}")
+        print(f"ratio={ratio:.3f}")
+        print(f"overhead={ratio - 1:+.3f}")
     dist.destroy_process_group()
 
 

@@ -137,3 +137,4 @@ def test_collectives_under_a_real_gloo_torchrun() -> None:
         assert row["expected_busbw_gbps"] > 0
     # gloo over loopback TCP against two H100s on NVLink: the 64 KiB all-reduce must be flagged
     assert next(row for row in rows if row["collective"] == "all-reduce" and row["size_bytes"] == 65536)["shortfall"]
+    assert all(row["ranks_per_node"] == 2 for row in rows)  # both ranks on this host: the scale-up tier

@@ -124,3 +124,39 @@ def test_calibrate_runs_the_benches_here(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     [profile] = read_calibration_file(out)
     assert 0 < profile.gemm_fraction_16bit < 0.706 and 0 < profile.hbm_fraction <= 1  # a CPU against an H100's peaks
+
+
+def collectives_json(tmp_path: Path, busbw_gbps: float, per_node: int | None = 8) -> Path:
+    """`bench collectives --json` output of 8 ranks on one node (the rows' keys as the bench writes them)."""
+    rows = [{"collective": op, "size_bytes": size, "time_s": size * 7 / 8 / (busbw_gbps * 1e9),
+             "algbw_gbps": busbw_gbps * 8 / 7, "busbw_gbps": busbw_gbps, "expected_busbw_gbps": None,
+             "shortfall": False, "ranks": 8, "ranks_per_node": per_node}
+            for op in ("all-gather", "reduce-scatter") for size in (2**20, 2**26)]
+    path = tmp_path / f"coll-{busbw_gbps}.json"
+    path.write_text(json.dumps({"ranks": 8, "backend": "nccl", "rows": rows}))
+    return path
+
+
+def test_collectives_and_disk_results_become_profile_fields(tmp_path: Path) -> None:
+    disk = tmp_path / "disk.json"
+    disk.write_text(json.dumps({"path": "/ckpt", "rows": [
+        {"size_bytes": 2**28, "write_s": 0.1, "write_gbps": 2.5, "read_s": 0.05, "read_gbps": 5.0},
+        {"size_bytes": 2**30, "write_s": 0.6, "write_gbps": 1.8, "read_s": 0.2, "read_gbps": 5.4}]}))
+    out = tmp_path / "measured.yaml"
+    result = run_gpufleet("calibrate", "--gpu", "h100-sxm", "--from", str(collectives_json(tmp_path, 300.0)),
+                          "--from", str(disk), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    [profile] = read_calibration_file(out)
+    assert profile.checkpoint_write_gbytes_per_s == 1.8  # the largest file: checkpoint shards are large
+    assert {(p.op, p.size_bytes, p.ranks, p.ranks_per_node, p.busbw_gbytes_per_s) for p in profile.collectives} == {
+        (op, size, 8, 8, 300.0) for op in ("all-gather", "reduce-scatter") for size in (2**20, 2**26)}
+    built_in = load_catalog().calibration("h100-sxm")
+    assert profile.gemm_fraction_16bit == built_in.gemm_fraction_16bit  # nothing measured it: kept
+
+
+def test_collectives_without_ranks_per_node_is_one_line(tmp_path: Path) -> None:
+    line = one_error_line(run_gpufleet("calibrate", "--gpu", "h100-sxm", "--from",
+                                       str(collectives_json(tmp_path, 300.0, per_node=None)),
+                                       "--out", str(tmp_path / "o.yaml")))
+    assert "ranks_per_node" in line and "rerun bench collectives" in line
+    assert not (tmp_path / "o.yaml").exists()

@@ -173,10 +173,10 @@ def test_burnin_refuses_bad_numbers() -> None:
 @pytest.mark.timeout(300)
 def test_plan_for_this_host_predicts_the_burnin_step(uninterrupted_run: Path,
                                                      uninterrupted: list[dict[str, Any]]) -> None:
-    """The loop closes: the host measured itself (GEMMs, attention, element-wise kernels, gloo collectives), the
-    planner priced the burn-in's own layout on that catalog entry, and the prediction is within 20 % of the step
-    time the burn-in then measured (both in CPU seconds of a rank, see `uninterrupted_run`). Nothing here is fitted
-    to the burn-in's step times."""
+    """The loop closes: the host measured itself (GEMMs, attention, element-wise kernels, gloo collectives bare and as
+    FSDP2 runs them, the optimizer, the disk), the planner priced the burn-in's own layout on that catalog entry, and
+    the prediction is within 20 % of the step time the burn-in then measured (both in CPU seconds of a rank, see
+    `uninterrupted_run`). Nothing here is fitted to the burn-in's step times."""
     from gpufleet.catalog.registry import Catalog
     from gpufleet.perf.step import StepOptions
     from gpufleet.planner.plan import PlanRequest, make_plan
@@ -201,11 +201,10 @@ def test_plan_for_this_host_predicts_the_burnin_step(uninterrupted_run: Path,
     parts = {name: round(part.exposed_s, 4) for name, part in layouts[(1, 1, RANKS)].step.parts.items()}
     print(f"plan {predicted_s:.4f} s, burn-in {measured_s:.4f} s (CPU s per step), plan/burn-in "
           f"{predicted_s / measured_s:.3f}; plan parts {parts}")
-    # Issue 19 asks for 20 %. Measured: plan/burn-in 0.80-0.98 over ten runs on this shared machine (typically
-    # 0.84-0.88: the plan does not price Python/autograd dispatch or FSDP2's copies into its communication
-    # buffers), 0.77 once in a full-suite run. So 20 % is the typical figure, not a bound this test can hold on a
-    # loaded host; it holds 30 % as a regression guard (nothing is tuned to these runs), and the closing note says so.
-    assert predicted_s == pytest.approx(measured_s, rel=0.3), f"plan {predicted_s:.3f} s, burn-in {measured_s:.3f} s" \
+    # Issue 19's 20 %. The host's measurements now include what FSDP2 adds to its collectives (buffer copies, hooks)
+    # and the optimizer as the burn-in runs it (per-tensor dispatch on sharded parameters); without them the plan ran
+    # 0.77-0.98 of the burn-in. Measured with them over five runs on this shared machine: 0.97-1.07 (docs/burnin.md).
+    assert predicted_s == pytest.approx(measured_s, rel=0.2), f"plan {predicted_s:.3f} s, burn-in {measured_s:.3f} s" \
                                                               f", parts {parts}"
 
 
@@ -229,6 +228,24 @@ def test_host_records_load_as_a_catalog(tmp_path: Path) -> None:
     assert gpu.scale_up.bytes_per_s_per_direction == pytest.approx(1e8)  # the slower of the two collectives
     assert catalog.calibration(HOST_GPU_ID).attention_fraction == pytest.approx(8e9 / 4e11)
     assert catalog.model(MODEL_ID).learned_positions == ModelShape().seq_len
+    # measured without FSDP2's extra time: no collective points; the disk is all ranks' concurrent writes
+    assert catalog.calibration(HOST_GPU_ID).collectives == ()
+    assert catalog.calibration(HOST_GPU_ID).checkpoint_write_gbytes_per_s == pytest.approx(2 * 5e8 / 1e9)
+
+
+def test_fsdp_collectives_share_fsdp2s_extra_time_by_hand() -> None:
+    """One block of 1000 parameters on 2 ranks: bare all-gather (2000 B, bus factor 1/2) at 0.2 GB/s takes 5 us, the
+    fp32 reduce-scatter (4000 B) at 0.1 GB/s 20 us; FSDP2's two all-gathers and a reduce-scatter, 30 us bare, took
+    60 us: both bus bandwidths halve."""
+    from gpufleet.runtime.burnin.host_catalog import HostMeasurement, fsdp_collectives
+
+    measured = HostMeasurement(hostname="h", cpu="x", ranks=2, threads_per_rank=1, peak_gemm_flop_per_s=1e11,
+                               gemm_shapes=(), attention_flop_per_s=1e9, elementwise_bytes_per_s=1e9,
+                               allgather_busbw_bytes_per_s=2e8, reduce_scatter_busbw_bytes_per_s=1e8,
+                               disk_write_bytes_per_s=1e8, disk_read_bytes_per_s=1e8, ram_bytes=2**30,
+                               date="2026-12-01", fsdp_block_comm_s=60e-6, block_params=1000)
+    assert [(p["op"], p["size_bytes"], p["busbw_gbytes_per_s"]) for p in fsdp_collectives(measured)] == [
+        ("all-gather", 2000, pytest.approx(0.1)), ("reduce-scatter", 4000, pytest.approx(0.05))]
 
 
 GEMM_DIMS = st.tuples(st.integers(16, 4096), st.integers(16, 4096), st.integers(16, 4096), st.integers(1, 4))

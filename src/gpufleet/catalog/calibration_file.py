@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.registry import describe_validation_error, read_yaml
+from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
 from gpufleet.errors import CatalogError
 
 KIND = "calibrations"
@@ -36,7 +36,17 @@ def read_calibration_file(path: Path) -> list[CalibrationProfile]:
 
 def calibration_yaml(profiles: list[CalibrationProfile], header: str) -> str:
     """The YAML text of a profile file, `header` as leading comment lines."""
-    body = yaml.safe_dump({KIND: [profile.model_dump(mode="json", exclude_none=True) for profile in profiles]},
+    entries = [{name: value for name, value in profile.model_dump(mode="json", exclude_none=True).items()
+                if value != []} for profile in profiles]  # an unmeasured (empty) list is left out, as a None is
+    body = yaml.safe_dump({KIND: entries},
                           sort_keys=False, allow_unicode=True, width=100)
     comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     return comments + body
+
+
+def measured_write_bytes_per_s(catalog: Catalog, gpu_id: str) -> float | None:
+    """The checkpoint write bandwidth per node that `gpu_id`'s calibration profile measured (bench disk), if any."""
+    profile = catalog.records("calibrations").get(gpu_id)
+    if isinstance(profile, CalibrationProfile) and profile.checkpoint_write_gbytes_per_s is not None:
+        return profile.checkpoint_write_gbytes_per_s * 1e9
+    return None

@@ -19,7 +19,8 @@ from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
 
 CALIBRATE_HELP = """Write a calibration profile (the catalog's `calibrations:` schema: GEMM fraction and shape curve,
-HBM fraction) from `gpufleet bench gemm` and `bench memory` results, with host, date and gpufleet version; `plan`,
+HBM fraction, measured collectives, checkpoint write bandwidth) from `gpufleet bench gemm`, `bench memory`,
+`bench collectives` and `bench disk` results, with host, date and gpufleet version; `plan`,
 `memory` and `validate` read it with `--calibration FILE`. Fields the benches do not measure are kept from the
 built-in profile of --gpu. Without --from, runs the GEMM (needs --model) and memory benches here.
 
@@ -29,6 +30,10 @@ Examples:
 
     gpufleet bench gemm --model llama3-8b --json > gemm.json; gpufleet bench memory --json > mem.json
     gpufleet calibrate --gpu h100-sxm --from gemm.json --from mem.json --out h100.yaml
+
+    torchrun --nproc-per-node 8 -m gpufleet bench collectives --json > coll.json
+    gpufleet bench disk /checkpoints --json > disk.json
+    gpufleet calibrate --gpu h100-sxm --from gemm.json --from coll.json --from disk.json --out h100.yaml
 
     gpufleet plan --model llama3-70b --tokens 15T --gpu h100-sxm --gpus 1024 --calibration h100.yaml
 """
@@ -50,10 +55,29 @@ def _kind(data: Any) -> str:
     return "unknown"
 
 
+def _collective_points(data: Any) -> list[Any]:
+    """A `bench collectives --json` output as measured points (rows of one rank, or sizes without traffic, skipped)."""
+    from gpufleet.catalog.calibration import MeasuredCollective
+
+    points = []
+    for row in data["rows"]:
+        ranks, per_node = int(row.get("ranks", data.get("ranks", 1))), row.get("ranks_per_node")
+        if ranks < 2 or not float(row["busbw_gbps"]) > 0:
+            continue
+        if per_node is None:
+            raise InputError("a collectives row has no ranks_per_node (written by an older gpufleet): rerun bench "
+                             "collectives")
+        points.append(MeasuredCollective(op=row["collective"], size_bytes=float(row["size_bytes"]), ranks=ranks,
+                                         ranks_per_node=int(per_node), busbw_gbytes_per_s=float(row["busbw_gbps"])))
+    return points
+
+
 def _measurements_from(paths: list[Path]) -> Any:
+    from pydantic import ValidationError
+
     from gpufleet.runtime.bench.calibrate import GemmPoint, Measurements
 
-    gemm, memory, notes = [], None, []
+    gemm, memory, notes, collectives, disk = [], None, [], [], None
     for path in paths:
         data = _load_json(path)
         kind = _kind(data)
@@ -64,18 +88,17 @@ def _measurements_from(paths: list[Path]) -> Any:
             elif kind == "memory":
                 memory = float(data["bandwidth_gbps"]) * 1e9
             elif kind == "collectives":
-                best = max(data["rows"], key=lambda r: r["busbw_gbps"])
-                notes.append(f"collectives ({path.name}): best busbw {best['busbw_gbps']:.4g} GB/s "
-                             f"({best['collective']}, {best['size_bytes']} B, {data.get('ranks')} ranks)")
+                collectives += _collective_points(data)
             elif kind == "disk":
-                best = max(data["rows"], key=lambda r: r["write_gbps"])
-                notes.append(f"disk ({path.name}): write {best['write_gbps']:.4g} GB/s, read "
-                             f"{best['read_gbps']:.4g} GB/s at {best['size_bytes']} B")
+                largest = max(data["rows"], key=lambda r: r["size_bytes"])
+                disk = float(largest["write_gbps"]) * 1e9
+                notes.append(f"disk ({path.name}): read {largest['read_gbps']:.4g} GB/s at {largest['size_bytes']} B")
             else:
                 raise InputError(f"{path} is not the --json output of bench gemm, memory, collectives or disk")
-        except (KeyError, TypeError, ValueError) as error:
-            raise InputError(f"{path}: a {kind} bench row lacks a field or a number ({error})") from None
-    return Measurements(gemm, memory, notes)
+        except (KeyError, TypeError, ValueError, ValidationError) as error:
+            detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else error
+            raise InputError(f"{path}: a {kind} bench row lacks a field or a number ({detail})") from None
+    return Measurements(gemm, memory, notes, collectives, disk)
 
 
 def _measure_here(catalog_paths: list[Path] | None, model: str | None, tokens: int, tp: int, dtype: str) -> Any:
@@ -142,7 +165,8 @@ def calibrate_command(
         table = Table(title=f"calibration for {gpu} written to {out}", title_justify="left")
         for column in ("field", "built-in", "measured"):
             table.add_column(column)
-        for name in ("gemm_fraction_16bit", "gemm_fraction_fp8", "gemm_half_dim", "hbm_fraction"):
+        for name in ("gemm_fraction_16bit", "gemm_fraction_fp8", "gemm_half_dim", "hbm_fraction",
+                     "checkpoint_write_gbytes_per_s"):
             before, after = data["built_in"].get(name), data["profile"].get(name)
             table.add_row(name, "-" if before is None else f"{before:.4g}", "-" if after is None else f"{after:.4g}")
         console.print(table)

@@ -227,7 +227,8 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         data["power"] = {"it_power_max_w": econ.it_power_max_w, "facility_power_w": econ.facility_power_w,
                          "racks": econ.racks}
         data["reliability"] = {"interruptions_expected": econ.interruptions_expected,
-                               "checkpoint_interval_s": econ.checkpoint_interval_s}
+                               "checkpoint_interval_s": econ.checkpoint_interval_s,
+                               "checkpoint_write_s": econ.checkpoint_write_s}
     return data
 
 

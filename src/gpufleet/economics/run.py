@@ -2,7 +2,8 @@
 on-prem, and the power and racks it needs.
 
     mtti        = 1 / (GPUs x per-GPU interruption rate)              (catalog failure_stats)
-    write_s     = checkpoint_bytes / min(nodes x per-node GB/s, cap)  (reliability_defaults)
+    write_s     = checkpoint_bytes / min(nodes x per-node GB/s, cap)  (reliability_defaults; the per-node GB/s
+                  measured by bench disk when the GPU's calibration profile has checkpoint_write_gbytes_per_s)
     interval    = Daly's optimum for (write_s, mtti)
     goodput     = Daly's exponential model with the restart time      (reliability_defaults)
     wall_time_s = train_time_s / goodput
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpufleet.catalog.calibration_file import measured_write_bytes_per_s
 from gpufleet.catalog.economics_records import FailureStats
 from gpufleet.catalog.records import NetworkSpec, NodeSpec
 from gpufleet.catalog.registry import Catalog
@@ -85,9 +87,10 @@ def run_economics(
         catalog.get("failure_stats", reliability_cfg.failure_stats, FailureStats)
     )
     nodes = nodes_for(gpus, node)
+    per_node = measured_write_bytes_per_s(catalog, node.gpu) or reliability_cfg.write_bytes_per_s_per_node
     bandwidth = write_bandwidth_bytes_per_s(
         nodes,
-        per_node_bytes_per_s=reliability_cfg.write_bytes_per_s_per_node,
+        per_node_bytes_per_s=per_node,
         max_bytes_per_s=reliability_cfg.write_bytes_per_s_max,
     )
     reliability = estimate_reliability(

@@ -19,13 +19,24 @@ group gets is the bottleneck of the links its ring really crosses:
   sends a fraction 1 - m/nodes of its bytes across, slowing by max(1, os · that fraction), in any order.
 Latency: α per ring step (scale-up step latency inside a node; NIC + switch hops between nodes);
 NCCL picks a tree (2·log2 n steps) when that is faster for an all-reduce.
+
+Measured collectives (a calibration profile's `collectives`, carried by `Cluster.collective_calibration`): for an
+op on a tier (scale-up inside a node, the network across nodes) with measurements, each measured point gives the
+ratio modelled / measured time of that very group (its ranks and ranks per node, under one leaf) on this cluster;
+a collective of that op on that tier takes the model's time divided by the ratio, interpolated linearly in log size
+between the points and held at the end points' ratios beyond them. Half the measured bus bandwidth thus doubles the
+time; a group or placement unlike the measured one keeps the model's structure (group size, NICs per node, spine
+oversubscription) and only the measured efficiency carries over. No measurement for an op and tier: the model alone.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
+
+import numpy as np
 
 from gpufleet.fabric.placement import GroupSpan
 from gpufleet.fabric.topology import Cluster
@@ -112,7 +123,39 @@ def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
 
 
 def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
-    """Time for one `op` over `message_bytes` (the full buffer per rank) on group `span`."""
+    """Time for one `op` over `message_bytes` (the full buffer per rank) on group `span`: the α–β model, scaled by
+    the cluster's measured efficiency for this op and tier when it has one (module docstring)."""
+    cost = modeled_cost(op, message_bytes, span, cluster)
+    if not cluster.collective_calibration or cost.time_s <= 0:
+        return cost
+    tier = "scale-up" if span.intra_node else "network"
+    curve = _measured_efficiency(op, tier, cluster)
+    if curve is None:
+        return cost
+    log_sizes, ratios = curve
+    ratio = float(np.interp(math.log(message_bytes), log_sizes, ratios))
+    return CollectiveCost(op, message_bytes, cost.group_size, cost.time_s / ratio, cost.bus_bytes_per_s * ratio,
+                          f"{cost.link}; measured {ratio:.2f}x the model's bus bandwidth")
+
+
+@lru_cache(maxsize=256)
+def _measured_efficiency(op: Op, tier: str, cluster: Cluster) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(log sizes, modelled / measured time) of the cluster's measured `op` on `tier`, by size; None unmeasured."""
+    points = sorted((p for p in cluster.collective_calibration if p.op == op and p.tier == tier),
+                    key=lambda p: p.size_bytes)
+    if not points:
+        return None
+    ratios = []
+    for point in points:
+        nodes = point.ranks // point.ranks_per_node
+        measured_span = GroupSpan(size=point.ranks, per_node=point.ranks_per_node, nodes=nodes, nodes_per_leaf=nodes,
+                                  leaves=1)
+        ratios.append(modeled_cost(op, point.size_bytes, measured_span, cluster).time_s / point.time_s)
+    return tuple(math.log(p.size_bytes) for p in points), tuple(ratios)
+
+
+def modeled_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
+    """The α–β model's time for one `op` over `message_bytes` on group `span`, measurements left out."""
     n = span.size
     if n <= 1 or message_bytes <= 0:
         return CollectiveCost(op, message_bytes, n, 0.0, math.inf, "none (group of one)")

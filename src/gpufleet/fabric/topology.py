@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from gpufleet.catalog.calibration import MeasuredCollective
 from gpufleet.catalog.records import GPUSpec, NetworkSpec, NodeSpec, ScaleUp
 from gpufleet.errors import InputError
 
@@ -96,6 +97,8 @@ class Cluster:
     node: NodeSpec
     gpus: int
     fabric: Fabric
+    #: measured collectives of this cluster (a calibration profile's `collectives`); collective_cost applies them
+    collective_calibration: tuple[MeasuredCollective, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -263,7 +263,8 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     shard = layout.dp * layout.cp if layout.sharding != "none" else 1
     expert_shard = expert_parallel_degrees(layout)[1] if layout.sharding != "none" else 1
     local_params = params.dense / shard + params.expert / expert_shard
-    seconds = local_params * OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+    seconds = local_params * calibration.optimizer_seconds_per_param(
+        OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction))
     if layout.offload_optimizer:
         seconds *= 10.0  # CPU Adam over host memory: ~10x slower than HBM (judgement)
     return seconds

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gpufleet.catalog.calibration import AttentionKernel
+from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run import RunEconomics, run_economics
@@ -144,7 +144,9 @@ def build_cluster(request: PlanRequest, catalog: Catalog) -> Cluster:
     node = request_node(request, catalog)
     network = catalog.network(request.network or node.default_network)
     fabric = Fabric(network=network, kind=request.topology, oversubscription=request.oversubscription)
-    return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric)
+    profile = catalog.records("calibrations").get(gpu.id)  # its measured collectives, if any, price this cluster's
+    measured = profile.collectives if isinstance(profile, CalibrationProfile) else ()
+    return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric, collective_calibration=measured)
 
 
 def build_job(request: PlanRequest, catalog: Catalog) -> Job:

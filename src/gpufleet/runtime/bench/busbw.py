@@ -39,6 +39,7 @@ class CollectiveRow:
     busbw_gbps: float
     expected_busbw_gbps: float | None
     ranks: int
+    ranks_per_node: int | None = None  # None: not known (one node assumed nowhere; calibrate asks for it)
 
     @property
     def shortfall(self) -> bool:
@@ -48,14 +49,16 @@ class CollectiveRow:
     def as_json(self) -> dict[str, Any]:
         return {"collective": self.collective, "size_bytes": self.size_bytes, "time_s": self.time_s,
                 "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps,
-                "expected_busbw_gbps": self.expected_busbw_gbps, "shortfall": self.shortfall, "ranks": self.ranks}
+                "expected_busbw_gbps": self.expected_busbw_gbps, "shortfall": self.shortfall, "ranks": self.ranks,
+                "ranks_per_node": self.ranks_per_node}
 
 
-def measured_row(op: Op, size_bytes: int, ranks: int, time_s: float, expected_busbw_gbps: float | None
-                 ) -> CollectiveRow:
+def measured_row(op: Op, size_bytes: int, ranks: int, time_s: float, expected_busbw_gbps: float | None,
+                 ranks_per_node: int | None = None) -> CollectiveRow:
     """A row from one timing: algbw = S/t, busbw = algbw · nccl-tests' factor."""
     algbw = size_bytes / time_s / 1e9
-    return CollectiveRow(op, size_bytes, time_s, algbw, algbw * _factor(op, ranks), expected_busbw_gbps, ranks)
+    return CollectiveRow(op, size_bytes, time_s, algbw, algbw * _factor(op, ranks), expected_busbw_gbps, ranks,
+                         ranks_per_node)
 
 
 def _factor(op: Op, ranks: int) -> float:

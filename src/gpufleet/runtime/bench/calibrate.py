@@ -7,9 +7,12 @@ What is measured and what it sets:
   `gemm_fraction_16bit`, fp8 rows `gemm_fraction_fp8`; fp32 rows are not a training precision of the model and
   are left out. The bench is an isolated loop, as the MAMF figures the built-in profiles use.
 * `bench memory` sets `hbm_fraction` = copy bandwidth / the GPU's HBM peak.
+* `bench collectives` rows become `collectives` (op, size, ranks, ranks per node, bus bandwidth): the collective
+  model scales its time for that op and tier by modelled / measured (fabric/collectives.py).
+* `bench disk` sets `checkpoint_write_gbytes_per_s` from the largest file written (checkpoint shards are large):
+  the reliability model's per-node checkpoint write bandwidth.
 * Everything else (attention fractions and kernel, `in_training_fraction`) is kept from the profile it starts from
-  (the built-in one for that GPU), and the note says so. Collective and disk figures have no field in this schema:
-  the note records them.
+  (the built-in one for that GPU), and the note says so.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.calibration import CalibrationProfile, MeasuredCollective
 from gpufleet.catalog.records import GPUSpec
 from gpufleet.errors import InputError
 
@@ -85,6 +88,8 @@ class Measurements:
     gemm: Sequence[GemmPoint] = ()
     memory_bytes_per_s: float | None = None
     extra_notes: Sequence[str] = ()
+    collectives: Sequence[MeasuredCollective] = ()
+    disk_write_bytes_per_s: float | None = None
 
 
 def build_profile(gpu: GPUSpec, base: CalibrationProfile, measured: Measurements, provenance: str
@@ -108,8 +113,15 @@ def build_profile(gpu: GPUSpec, base: CalibrationProfile, measured: Measurements
         updates["hbm_fraction"] = _fraction(measured.memory_bytes_per_s / gpu.hbm_bytes_per_s, "memory bandwidth")
         notes.append(f"memory: {measured.memory_bytes_per_s / 1e9:.4g} GB/s copy = {updates['hbm_fraction']:.4g} "
                      "of the HBM peak")
+    if measured.collectives:
+        updates["collectives"] = tuple(measured.collectives)
+        ops = sorted({point.op for point in measured.collectives})
+        notes.append(f"collectives: {len(measured.collectives)} measured sizes of {', '.join(ops)}")
+    if measured.disk_write_bytes_per_s is not None:
+        updates["checkpoint_write_gbytes_per_s"] = measured.disk_write_bytes_per_s / 1e9
+        notes.append(f"disk: checkpoint write {measured.disk_write_bytes_per_s / 1e9:.4g} GB/s with fsync")
     if not updates:
-        raise InputError("nothing to calibrate: give bench gemm (16-bit or fp8) or bench memory results")
+        raise InputError("nothing to calibrate: give bench gemm (16-bit or fp8), memory, collectives or disk results")
     kept = [name for name in ("attention_fraction", "cudnn_attention_fraction", "in_training_fraction",
                               "attention_kernel") if getattr(base, name) is not None]
     notes.append(f"kept from the built-in {base.id} profile: {', '.join(kept)}")

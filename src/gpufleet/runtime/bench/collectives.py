@@ -9,6 +9,7 @@ one all-reduce(MAX) per size, outside the timed region.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,9 +139,18 @@ def _synchronizer() -> Callable[[], None]:
     return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
 
+def ranks_per_node(dist: Any) -> int:
+    """Ranks per host (hostnames gathered from every rank): what tells a calibration's scale-up tier (one host)
+    from its network tier."""
+    names: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return max(1, dist.get_world_size() // len(set(names)))
+
+
 def bench_collectives(dist: Any, request: CollectivesRequest) -> list[CollectiveRow]:
     """Every (op, size) of the request, in order; the same rows on every rank."""
     ranks, device, synchronize = dist.get_world_size(), _device(), _synchronizer()
+    per_node = ranks_per_node(dist)
     rows = []
     for op in request.ops:
         if op == "send-recv" and ranks < 2:
@@ -150,5 +160,5 @@ def bench_collectives(dist: Any, request: CollectivesRequest) -> list[Collective
             seconds = time_call(dist, make_call(dist, op, count, device), request.iters, request.warmup, synchronize)
             size_bytes = count * ELEMENT_BYTES
             expected = expected_busbw_gbps(op, size_bytes, request.cluster) if request.cluster else None
-            rows.append(measured_row(op, size_bytes, ranks, seconds, expected))
+            rows.append(measured_row(op, size_bytes, ranks, seconds, expected, per_node))
     return rows

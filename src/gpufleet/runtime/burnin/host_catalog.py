@@ -13,7 +13,13 @@ How each measured figure maps onto the records (every mapping is a judgement, sa
 * scale-up link = the slower of the measured all-gather and reduce-scatter bus bandwidths, achievable_fraction = 1
   (the ranks share one host, so every collective stays "inside the node");
 * in_training_fraction = 1: the measurements ran with every rank busy at once, and a CPU has no separate copy or
-  communication engines whose contention the GPU default (0.87) stands for.
+  communication engines whose contention the GPU default (0.87) stands for;
+* collectives (the calibration's measured points) = the all-gather and reduce-scatter as FSDP2 runs them: the time
+  FSDP2 adds to one block per micro-batch (two all-gathers, one reduce-scatter, buffer copies, hooks) against the
+  bare collectives' time for the same, 2·all-gather + reduce-scatter; each bare bus bandwidth divided by that
+  ratio (the extra is shared in proportion: it is bytes copied, and both move bytes);
+* optimizer_s_per_param = the burn-in's AdamW step over its sharded parameters / local parameters;
+* checkpoint_write_gbytes_per_s = the slowest rank's fsync'd write x ranks (all ranks wrote their shards at once).
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ class HostMeasurement:
     ram_bytes: float
     date: str
     clock: str = "wall"  # what the kernels were timed with: wall seconds or the process's CPU seconds
+    fsdp_block_comm_s: float = 0.0  # FSDP2's collectives, copies and hooks for one block, per micro-batch (0: none)
+    optimizer_s_per_param: float | None = None  # the optimizer step per local parameter
+    block_params: int = 0  # parameters of one block, as the collectives move them
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +74,9 @@ class HostMeasurement:
                 f"GFLOP/s, element-wise {self.elementwise_bytes_per_s / 1e9:.1f} GB/s, all-gather "
                 f"{self.allgather_busbw_bytes_per_s / 1e9:.2f} GB/s bus, reduce-scatter "
                 f"{self.reduce_scatter_busbw_bytes_per_s / 1e9:.2f} GB/s bus, disk write "
-                f"{self.disk_write_bytes_per_s / 1e9:.2f} GB/s, read {self.disk_read_bytes_per_s / 1e9:.2f} GB/s")
+                f"{self.disk_write_bytes_per_s / 1e9:.2f} GB/s, read {self.disk_read_bytes_per_s / 1e9:.2f} GB/s; "
+                f"FSDP2 adds {self.fsdp_block_comm_s * 1e3:.2f} ms per block per micro-batch; optimizer "
+                f"{(self.optimizer_s_per_param or 0) * 1e9:.2f} ns per parameter")
 
 
 
@@ -120,14 +131,34 @@ def host_records(measured: HostMeasurement, shape: ModelShape) -> dict[str, list
                "hop_latency_s": 1e-6, "endpoint_latency_s": 1e-5,
                "source": measured_on + "; one host: no traffic leaves it, latencies are unused placeholders"}
     half = fit_half_dim(peak, measured.gemm_shapes)
-    calibration = {"id": HOST_GPU_ID, "gemm_fraction_16bit": 1.0,
+    calibration: dict[str, Any] = {"id": HOST_GPU_ID, "gemm_fraction_16bit": 1.0,
                    "attention_fraction": min(1.0, measured.attention_flop_per_s / peak), "hbm_fraction": 1.0,
                    "in_training_fraction": 1.0, "gemm_half_dim": half, "source": measured_on,
                    "note": "shape curve fitted to the burn-in model's GEMM shapes "
                            + ", ".join(f"{m}x{n}x{k} {rate / 1e9:.1f} GFLOP/s" for m, n, k, _, rate in
                                        measured.gemm_shapes)}
+    calibration["checkpoint_write_gbytes_per_s"] = measured.disk_write_bytes_per_s * measured.ranks / 1e9
+    if measured.optimizer_s_per_param is not None:
+        calibration["optimizer_s_per_param"] = measured.optimizer_s_per_param
+    calibration["collectives"] = fsdp_collectives(measured)
     return {"gpus": [gpu], "nodes": [node], "networks": [network], "calibrations": [calibration],
             "models": [shape.model_record(MODEL_ID)]}
+
+
+def fsdp_collectives(measured: HostMeasurement) -> list[dict[str, Any]]:
+    """The all-gather (bf16) and reduce-scatter (fp32) of one block at the bus bandwidths FSDP2 achieved with them
+    (module docstring); none when FSDP2's extra time was not measured."""
+    n = measured.ranks
+    if measured.fsdp_block_comm_s <= 0 or measured.block_params <= 0 or n < 2:
+        return []
+    factor = (n - 1) / n
+    gather_bytes, reduce_bytes = 2 * measured.block_params, 4 * measured.block_params
+    bare_s = (2 * gather_bytes * factor / measured.allgather_busbw_bytes_per_s
+              + reduce_bytes * factor / measured.reduce_scatter_busbw_bytes_per_s)
+    ratio = measured.fsdp_block_comm_s / bare_s
+    return [{"op": op, "size_bytes": size, "ranks": n, "ranks_per_node": n, "busbw_gbytes_per_s": busbw / ratio / 1e9}
+            for op, size, busbw in (("all-gather", gather_bytes, measured.allgather_busbw_bytes_per_s),
+                                    ("reduce-scatter", reduce_bytes, measured.reduce_scatter_busbw_bytes_per_s))]
 
 
 def write_host_catalog(path: Path, measured: HostMeasurement, shape: ModelShape) -> None:

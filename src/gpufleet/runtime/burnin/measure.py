@@ -8,6 +8,11 @@ each rank sees the share of cores, caches and memory it will have while training
 * the element-wise kernels the compute model prices by bytes (LayerNorm, GELU, residual add): bytes / time;
 * the collectives FSDP2 runs (all-gather of a block's bf16 parameters, reduce-scatter of its fp32 gradients):
   bus bandwidth by nccl-tests' definition (bus bytes / time, latency included at these sizes);
+* the same collectives as FSDP2 runs them: one block under `fully_shard` (its two all-gathers, reduce-scatter, the
+  copies into and out of the communication buffers, the hooks) over a single token, less the same block without
+  FSDP over a single token (its compute, next to nothing at one token);
+* the optimizer (AdamW, as the burn-in builds it) over the FSDP2-sharded model's own parameters: seconds per local
+  parameter, per-tensor dispatch on the sharded (DTensor) parameters included;
 * disk at the checkpoint folder: sequential write with fsync, then read, of one checkpoint's size.
 
 Each figure is the slowest rank's mean over repetitions: collectives every block make every rank wait for the
@@ -121,12 +126,16 @@ def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, sync: Ca
     return 3 * forward_bytes / timed_s(run, sync=sync, clock=config.measure_clock)
 
 
+def block_parameters(config: BurninConfig, world: int) -> int:
+    """Parameters of one block, padded to a multiple of the `world` ranks (as the collectives move them)."""
+    s = config.shape
+    return math.ceil((4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn_hidden + 2 * s.hidden) / world) * world
+
+
 def collective_busbw(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> tuple[float, float]:
     """(all-gather, reduce-scatter) bus bandwidth at one block's parameter count: bf16 gather, fp32 reduce."""
-    s = config.shape
     world = dist.get_world_size()
-    block_params = 4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn_hidden + 2 * s.hidden
-    shard = math.ceil(block_params / world)
+    shard = block_parameters(config, world) // world
     local = torch.randn(shard, dtype=torch.bfloat16, device=device)
     gathered = torch.empty(shard * world, dtype=torch.bfloat16, device=device)
     grads = torch.randn(shard * world, dtype=torch.float32, device=device)
@@ -136,6 +145,68 @@ def collective_busbw(config: BurninConfig, device: torch.device, sync: Callable[
     gather_s = timed_s(lambda: dist.all_gather_into_tensor(gathered, local), sync, clock, repeats)
     reduce_s = timed_s(lambda: dist.reduce_scatter_tensor(reduced, grads), sync, clock, repeats)
     return gathered.numel() * 2 * factor / gather_s, grads.numel() * 4 * factor / reduce_s
+
+
+def fsdp_block_comm_s(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+    """Seconds per micro-batch that FSDP2's handling of one block adds (all-gather before forward and again before
+    backward, reduce-scatter after it, with their buffer copies and hooks): one block under `fully_shard` (inside a
+    parameterless root, so that it reshards after forward as the burn-in's blocks do) run forward and backward over
+    one token, less the same block unsharded in bf16 over one token. Both run a fixed count (every rank must
+    all-gather equally often)."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from gpufleet.runtime.burnin.model import Block
+
+    s = config.shape
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    sharded = nn.Sequential(Block(s).to(device))
+    fully_shard(sharded[0], mesh=mesh, mp_policy=policy)
+    fully_shard(sharded, mesh=mesh, mp_policy=policy)
+    plain = Block(s).to(device=device, dtype=torch.bfloat16)
+
+    def one_token(module: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
+        x = torch.randn(1, 1, s.hidden, dtype=dtype, device=device, requires_grad=True)
+
+        def run() -> None:
+            module(x).float().sum().backward()
+            module.zero_grad(set_to_none=True)
+        return run
+
+    clock = config.measure_clock
+    with_fsdp = timed_s(one_token(sharded, torch.float32), sync, clock, COLLECTIVE_REPEATS)
+    without = timed_s(one_token(plain, torch.bfloat16), sync, clock, COLLECTIVE_REPEATS)
+    return max(with_fsdp - without, 0.0)
+
+
+def optimizer_s_per_param(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+    """Seconds per local parameter of one AdamW step (the optimizer the burn-in builds) over the FSDP2-sharded burn-in
+    model. Each timed step follows a forward and backward over one token (untimed), as in training, where the step
+    finds the gradients FSDP2 just reduce-scattered (measured: back-to-back steps alone ran 1.2-2x slower per step on
+    the CI machine); the mean over COLLECTIVE_REPEATS steps (the backward's collectives need a fixed count)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gpufleet.runtime.burnin.model import build_model, loss_fn
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    model = build_model(config.shape, mesh, config.seed, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr_at(1), weight_decay=0.1)
+    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+    read = CLOCKS[config.measure_clock]
+    local = sum(param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+                for param in model.parameters())
+    spent = 0.0
+    for repeat in range(2 + COLLECTIVE_REPEATS):  # two warm-up steps first
+        loss_fn(model(token), token).backward()
+        sync()
+        started = read()
+        optimizer.step()
+        sync()
+        spent += read() - started if repeat >= 2 else 0.0
+        optimizer.zero_grad(set_to_none=True)
+    return spent / COLLECTIVE_REPEATS / local
 
 
 def disk_bytes_per_s(folder: Path, size_bytes: int) -> tuple[float, float]:
@@ -191,8 +262,12 @@ def _local_figures(config: BurninConfig, device: torch.device) -> list[float]:
     attention = attention_flop_per_s(config, device, sync)
     elementwise = elementwise_bytes_per_s(config, device, sync)
     gather, reduce = collective_busbw(config, device, sync)
+    fsdp_s = fsdp_block_comm_s(config, device, sync)
+    optimizer_s = optimizer_s_per_param(config, device, sync)
     write, read = disk_bytes_per_s(Path(config.checkpoint_dir), checkpoint_bytes(config) // dist.get_world_size())
-    return [peak, *shapes, attention, elementwise, gather, reduce, write, read]
+    # every figure as a rate, so that the slowest rank's is the smallest (seconds inverted; 0 s stays 0)
+    return [peak, *shapes, attention, elementwise, gather, reduce, 1 / fsdp_s if fsdp_s > 0 else math.inf,
+            1 / optimizer_s, write, read]
 
 
 def measure_host(config: BurninConfig) -> HostMeasurement | None:
@@ -215,7 +290,7 @@ def measure_host(config: BurninConfig) -> HostMeasurement | None:
     shapes = model_gemm_shapes(config)
     rates = slowest[1:1 + len(shapes)]
     peak = max(slowest[0], *rates)
-    attention, elementwise, gather, reduce, write, read = slowest[1 + len(shapes):]
+    attention, elementwise, gather, reduce, fsdp_rate, optimizer_rate, write, read = slowest[1 + len(shapes):]
     import socket
 
     return HostMeasurement(
@@ -224,5 +299,7 @@ def measure_host(config: BurninConfig) -> HostMeasurement | None:
         gemm_shapes=tuple((m, n, k, count, rate) for (m, n, k, count), rate in zip(shapes, rates, strict=True)),
         attention_flop_per_s=attention, elementwise_bytes_per_s=elementwise, allgather_busbw_bytes_per_s=gather,
         reduce_scatter_busbw_bytes_per_s=reduce, disk_write_bytes_per_s=write, disk_read_bytes_per_s=read,
+        fsdp_block_comm_s=1 / fsdp_rate if math.isfinite(fsdp_rate) else 0.0, optimizer_s_per_param=1 / optimizer_rate,
+        block_params=block_parameters(config, me.world_size),
         ram_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         date=time.strftime("%Y-%m-%d", time.gmtime()), clock=config.measure_clock)
