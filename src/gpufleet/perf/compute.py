@@ -198,8 +198,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
     moe = model.moe if moe_layer else None
     gemms = _moe_mlp(shape, moe, projections) if moe is not None else _dense_mlp(shape, projections)
     core = _attention_core(shape, gpu.hbm_bytes_per_s)
-    elementwise_s = (_elementwise_elements(shape, gemms.ffn_width, moe is not None, fused_elementwise) * ACTIVATION_BYTES
-                     / (gpu.hbm_bytes_per_s * calibration.hbm_fraction))
+    elements = _elementwise_elements(shape, gemms.ffn_width, moe is not None, fused_elementwise)
+    elementwise_s = elements * ACTIVATION_BYTES / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
     return LayerCompute(
         gemm_fwd_s=gemms.s,
         attention_fwd_s=core.fwd_s,
