@@ -24,7 +24,7 @@ from gpufleet.planner.runs import (
     run_step_options,
     stack_search_space,
 )
-from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
+from gpufleet.planner.search import Infeasible, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
 _FILLABLE = ("cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
@@ -117,13 +117,13 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
             layout = Layout(**dict(fixed.items()))
             validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)  # says what is wrong
             outcome = evaluate(job, layout, cluster, calibration, options)
-            if not isinstance(outcome, Candidate):
-                reason, over = outcome
-                if reason != "memory":
-                    result.status, result.reason = "skipped", reason
+            if isinstance(outcome, Infeasible):
+                if outcome.reason != "memory":
+                    result.status, result.reason = "skipped", outcome.reason
                     return result
                 result.memory_rejected = True
-                result.reason = f"memory model rejects the published layout: {over / 2**30:.1f} GiB over HBM"
+                result.reason = (f"memory model rejects the published layout: {outcome.over_bytes / 2**30:.1f} GiB "
+                                 "over HBM")
                 return _predict_despite_memory(result, job, layout, cluster, calibration, options)
             candidate = outcome
         else:
