@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.planner.fit import cross_validate, fit_runs
-from gpufleet.planner.runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
 from gpufleet.planner.validate import predict_run, summarize
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,7 +46,7 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def _run_files() -> list[tuple[str, Path, list[Path], str | None, dict[str, Any]]]:
     """(label, run file, extra catalogs, node, StepOptions fields) for every run set validate and the tests use."""
-    from gpufleet.planner.runs import shipped_runs_path
+    from gpufleet.planner.published_runs import shipped_runs_path
 
     files: list[tuple[str, Path, list[Path], str | None, dict[str, Any]]] = [
         ("published", shipped_runs_path(), [], None, {}),
@@ -67,8 +67,8 @@ def _step_dict(step: Any) -> dict[str, Any]:
 def run_predictions() -> dict[str, Any]:
     from gpufleet.catalog.registry import load_catalog
     from gpufleet.perf.step import StepOptions
+    from gpufleet.planner.published_runs import load_runs
     from gpufleet.planner.ranking import rank_groups
-    from gpufleet.planner.runs import load_runs
     from gpufleet.planner.validate import predict_run, summarize
 
     out: dict[str, Any] = {}

@@ -13,8 +13,8 @@ from pathlib import Path
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import cross_validate
+from gpufleet.planner.published_runs import load_runs, shipped_runs_path
 from gpufleet.planner.ranking import group_key, rank_groups
-from gpufleet.planner.runs import load_runs, shipped_runs_path
 from gpufleet.planner.validate import RunPrediction, Summary, predict_run, summarize
 from gpufleet.report.plots import write_parity_plot
 

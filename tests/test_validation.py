@@ -20,8 +20,7 @@ from gpufleet.fabric.placement import group_span
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions
-from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
-from gpufleet.planner.runs import (
+from gpufleet.planner.published_runs import (
     PublishedRun,
     check_run_stacks,
     load_runs,
@@ -29,6 +28,7 @@ from gpufleet.planner.runs import (
     run_step_options,
     shipped_runs_path,
 )
+from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
 from gpufleet.planner.validate import ErrorStats, RunPrediction, Summary, predict_run, summarize
 
 DATA = Path(__file__).parent / "data"

@@ -38,7 +38,7 @@ from gpufleet.planner.plan import (
     make_plan,
     pipeline_warning,
 )
-from gpufleet.planner.runs import framework_options, stack_search_space
+from gpufleet.planner.published_runs import framework_options, stack_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.report.saved import saved_header

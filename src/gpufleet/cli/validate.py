@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         Examples: gpufleet validate --plot parity.png;
         gpufleet validate --cross-validate --runs a.yaml --runs b.yaml
         """
-        from gpufleet.planner.runs import check_run_stacks, load_runs
+        from gpufleet.planner.published_runs import check_run_stacks, load_runs
         from gpufleet.planner.validate import predict_run, summarize
 
         out = Output(json)
@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
             from_file = load_runs(path)
             check_run_stacks(from_file, cat, path)
             loaded.extend(from_file)
-        from gpufleet.planner.runs import check_unique_ids
+        from gpufleet.planner.published_runs import check_unique_ids
 
         check_unique_ids(loaded)
         if node is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.planner.runs import PublishedRun
+from gpufleet.planner.published_runs import PublishedRun
 from gpufleet.planner.validate import RunPrediction
 
 MIN_GROUP = 4

@@ -14,7 +14,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import (
+from gpufleet.planner.published_runs import (
     PublishedRun,
     pinned_layout_problem,
     run_calibration,

@@ -7,7 +7,7 @@ import html
 import re
 from pathlib import Path
 
-from gpufleet.planner.runs import PublishedRun
+from gpufleet.planner.published_runs import PublishedRun
 from gpufleet.planner.validate import RunPrediction, Summary
 from gpufleet.report.html import page, table, write_report
 from gpufleet.report.svg import Axis, Series, bar_chart, figure, line_chart
