@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.judgements import step_judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, MoESpec, Precision
 from gpufleet.parallel.layout import Layout, SelectivePolicy, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
@@ -254,7 +255,8 @@ def _moe_mlp(shape: _LayerShape, moe: MoESpec, before: _Gemms) -> _Gemms:
         gemm_s += shape.gemm(tokens, h, fs / tp)
         gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
     router_flops = 2 * tokens * h * moe.experts
-    gemm_s += router_flops / (shape.attn_peak * shape.calibration.gemm_fraction_16bit * 0.5)
+    gemm_s += router_flops / (shape.attn_peak * shape.calibration.gemm_fraction_16bit
+                              * step_judgements().router_gemm_fraction.value)
     gemm_flops += router_flops
     # The experts' and router's matmuls alternate too; which land on the even counts depends on the
     # implementation: half of their time (judgement).

@@ -5,18 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.catalog.judgements import step_judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step_context import StepContext
-
-#: Kernels the host launches for one MoE layer's forward pass in Megatron-Core (alltoall dispatcher, Transformer
-#: Engine grouped experts): router GEMM, top-k/softmax and the auxiliary losses (~10), dispatch bookkeeping,
-#: permute, all-to-all and local sort (~10), un-permute, all-to-all back and combine (~6) = 26 per layer, plus
-#: per local expert an input cast and a GEMM for fc1 and for fc2 and the activation's cast (~6). Backward
-#: launches about twice that (data- and weight-gradient GEMMs). Counted from the code path (judgement).
-MOE_FIXED_KERNELS_FWD = 26
-MOE_KERNELS_PER_LOCAL_EXPERT_FWD = 6
-BACKWARD_KERNEL_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +24,10 @@ def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recom
     `recomputed` share of layers, the forward again."""
     if model.moe is None:
         return 0.0
+    judged = step_judgements()  # kernels per MoE layer, counted from Megatron-Core's and TE's code paths
     local_experts = model.moe.experts / layout.ep
-    forward = MOE_FIXED_KERNELS_FWD + MOE_KERNELS_PER_LOCAL_EXPERT_FWD * local_experts
-    passes = 1.0 + BACKWARD_KERNEL_RATIO + recomputed
+    forward = judged.moe_fixed_kernels_fwd.value + judged.moe_kernels_per_local_expert_fwd.value * local_experts
+    passes = 1.0 + judged.moe_backward_kernel_ratio.value + recomputed
     return forward * passes * host_s_per_kernel
 
 

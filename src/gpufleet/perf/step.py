@@ -8,10 +8,11 @@ backward could not hide + the optimizer update + a fixed per-step overhead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.judgements import step_judgements
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -59,8 +60,10 @@ class StepOptions:
     #: 40 fused or PyTorch's)
     loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
-    ep_imbalance: float = 1.2  # slowest expert rank / mean under top-k routing (judgement)
-    step_overhead_s: float = 0.005  # data loading, logging, launch gaps per step (judgement)
+    #: slowest expert rank / mean under top-k routing (a judgement: catalog/judgements/step_model.yaml)
+    ep_imbalance: float = field(default_factory=lambda: step_judgements().ep_imbalance.value)
+    #: data loading, logging, launch gaps per step (a judgement: catalog/judgements/step_model.yaml)
+    step_overhead_s: float = field(default_factory=lambda: step_judgements().step_overhead_s.value)
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
     memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
     moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
@@ -173,8 +176,9 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
             more, _ = _chunked_s("all-gather", params.expert * ACTIVATION_BYTES, expert_units, "edp", layout,
                                  cluster, options)
             gather_s += more
-    forward_window = compute_per_micro_batch_s / 3
-    backward_window = compute_per_micro_batch_s * 2 / 3
+    ratio = step_judgements().backward_forward_ratio.value  # forward : backward compute = 1 : ratio
+    forward_window = compute_per_micro_batch_s / (1 + ratio)
+    backward_window = compute_per_micro_batch_s * ratio / (1 + ratio)
     granules = max(stage_layers, 1)
     if sharded:
         total = micro_batches * (2 * gather_s + reduce_s)
@@ -201,7 +205,7 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     local_params = params.dense / shard + params.expert / expert_shard
     seconds = local_params * OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction)
     if layout.offload_optimizer:
-        seconds *= 10.0  # CPU Adam over host memory: ~10x slower than HBM (judgement)
+        seconds *= step_judgements().cpu_adam_slowdown.value  # CPU Adam over host memory
     return seconds
 
 
