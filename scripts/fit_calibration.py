@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.planner.fit import cross_validate, fit_runs
-from gpufleet.planner.runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
 from gpufleet.planner.validate import predict_run, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +60,8 @@ def main() -> None:
         print(f"{fit.id}: recorded {fit.value:g}, refitted {result.values[fit.id]:g} over "
               f"{len(result.chosen_on[fit.id])} runs (mean |log error| {'-' if loss is None else f'{loss:.3f}'})")
     print(f"{passes} re-search passes")
-    print(f"in-sample, recorded values: {summarize(recorded)['all']}")
-    print(f"in-sample, refitted values: {summarize(fitted)['all']}")
+    print(f"in-sample, recorded values: {summarize(recorded).all}")
+    print(f"in-sample, refitted values: {summarize(fitted).all}")
     if args.write:
         write_fits(result.values, result.chosen_on)
         print(f"wrote {FITS_FILE.relative_to(ROOT)}")

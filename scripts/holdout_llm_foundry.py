@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 
 from gpufleet.catalog.registry import load_catalog
-from gpufleet.planner.runs import PublishedRun, load_runs
+from gpufleet.planner.published_runs import PublishedRun, load_runs
 from gpufleet.planner.validate import predict_run
 
 #: size seq gpus micro_batch grad_accum global_batch act_ckpt(T/F) tokens_per_s_per_gpu

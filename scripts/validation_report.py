@@ -13,9 +13,9 @@ from pathlib import Path
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import cross_validate
+from gpufleet.planner.published_runs import load_runs, shipped_runs_path
 from gpufleet.planner.ranking import group_key, rank_groups
-from gpufleet.planner.runs import load_runs, shipped_runs_path
-from gpufleet.planner.validate import RunPrediction, predict_run, summarize
+from gpufleet.planner.validate import RunPrediction, Summary, predict_run, summarize
 from gpufleet.report.plots import write_parity_plot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,14 +35,14 @@ def pct(value: float | None) -> str:
     return "–" if value is None else f"{value:+.1%}"
 
 
-def summary_table(summary: dict) -> list[str]:
+def summary_table(summary: Summary) -> list[str]:
     lines = ["| runs | n | median abs error | worst abs error | worst run |", "|---|---|---|---|---|"]
     for key in ("high", "medium", "high+medium", "low", "all"):
-        row = summary[key]
-        if row["runs"] == 0:
+        row = summary.groups[key]
+        if row.runs == 0:
             continue
-        lines.append(f"| {key} | {row['runs']} | {row['median_abs_error']:.1%} | {row['worst_abs_error']:.1%} | "
-                     f"{row['worst_id']} |")
+        lines.append(f"| {key} | {row.runs} | {row.median_abs_error or 0:.1%} | {row.worst_abs_error or 0:.1%} | "
+                     f"{row.worst_id} |")
     return lines
 
 
@@ -62,10 +62,10 @@ def holdout_sections(catalog: Catalog) -> list[str]:
     tables: list[str] = []
     for name, title in HOLDOUTS:
         predictions = [predict_run(run, catalog) for run in load_runs(ROOT / "tests" / "data" / name)]
-        summary = summarize(predictions)["all"]
-        rejected = summarize(predictions)["memory_rejected"]["runs"]
-        lines.append(f"| {title} (`{name}`) | {summary['runs']} | {summary['median_abs_error']:.1%} | "
-                     f"{summary['worst_abs_error']:.1%} | {rejected} |")
+        summary = summarize(predictions)
+        stats = summary.all
+        lines.append(f"| {title} (`{name}`) | {stats.runs} | {stats.median_abs_error or 0:.1%} | "
+                     f"{stats.worst_abs_error or 0:.1%} | {len(summary.memory_rejected)} |")
         tables += [f"### {title}", "", *run_table(predictions), ""]
     return [*lines, "", *tables]
 
@@ -163,11 +163,11 @@ def main() -> None:
                         for p in published if p.predicted_tokens_per_s_per_gpu],
                        "published runs: predicted vs measured (grey: within ±25 %)"),
         "",
-        f"Skipped: {', '.join(published_summary['skipped']) or 'none'}.",
+        f"Skipped: {', '.join(published_summary.skipped) or 'none'}.",
         "",
         f"Published layouts the memory model rejects (predicted anyway, counted in the figures): "
-        f"{published_summary['memory_rejected']['runs']} "
-        f"({', '.join(published_summary['memory_rejected']['ids']) or 'none'}).",
+        f"{len(published_summary.memory_rejected)} "
+        f"({', '.join(published_summary.memory_rejected) or 'none'}).",
         "",
         "Issue 7 targets (in-sample): high+medium median ≤ 10 %, worst ≤ 25 %; all runs median ≤ 15 %. See",
         "docs/model.md for what the model does and does not capture.",
@@ -194,13 +194,13 @@ def main() -> None:
         "| median abs error | measured best | pick |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in ranking["groups"]:
-        out.append(f"| {row['group']} | {row['runs']} | {row['spearman']:.2f} ({row['smooth_model_ceiling']:.2f}) | "
-                   f"{row['regret']:.1%} ({row['smooth_model_regret']:.1%}) | "
-                   f"{row['top3_overlap']:.0%} | {row['median_abs_error']:.1%} | {row['measured_best']} | "
-                   f"{row['pick']} |")
+    for row in ranking.groups:
+        out.append(f"| {row.group} | {row.runs} | {row.spearman:.2f} ({row.smooth_model_ceiling:.2f}) | "
+                   f"{row.regret:.1%} ({row.smooth_model_regret:.1%}) | "
+                   f"{row.top3_overlap:.0%} | {row.median_abs_error:.1%} | {row.measured_best} | "
+                   f"{row.pick} |")
     vtrain_summary = summarize(vtrain)
-    groups = {row["group"].split(" (")[0]: row for row in ranking["groups"]}
+    groups = {row.group.split(" (")[0]: row for row in ranking.groups}
     out += [
         "",
         parity_picture(args.out, "validation_vtrain.png",
@@ -208,8 +208,8 @@ def main() -> None:
                         for run, p in zip(vtrain_runs, vtrain, strict=True) if p.predicted_tokens_per_s_per_gpu],
                        "vTrain's 109 runs: predicted vs measured"),
         "",
-        f"All 109 vTrain runs: median abs error {vtrain_summary['all']['median_abs_error']:.1%}, worst "
-        f"{vtrain_summary['all']['worst_abs_error']:.1%} ({vtrain_summary['all']['worst_id']}).",
+        f"All 109 vTrain runs: median abs error {vtrain_summary.all.median_abs_error or 0:.1%}, worst "
+        f"{vtrain_summary.all.worst_abs_error or 0:.1%} ({vtrain_summary.all.worst_id}).",
         "",
         "Targets (issue 7): Spearman ≥ 0.9 and regret ≤ 2 % in every group; median abs error ≤ 10 %.",
         "",
@@ -222,7 +222,7 @@ def main() -> None:
         "The same fitted model's pick is 9.4 % slower than the measured best at 18.4B and 4.7 % at 39.1B, so the",
         "2 % regret target also asks for scatter that is not smooth in micro-batch size (18.4B tp8 pp1: 9.60 s at",
         "mb 8 but 10.51 s at mb 16 and 10.45 s at mb 2).",
-        f"The 39.1B group's ceiling is 0.95, so its {groups['GPT 39.1B']['spearman']:.2f} is the model's shortfall, "
+        f"The 39.1B group's ceiling is 0.95, so its {groups['GPT 39.1B'].spearman:.2f} is the model's shortfall, "
         "mostly the tp 2 runs below.",
         "",
         "What the residuals show (vTrain's runs are in no fit's set: out of sample for all four fits):",

@@ -222,7 +222,7 @@ def test_validate_json_shape() -> None:
 def _first_shipped_run() -> dict:
     import yaml
 
-    from gpufleet.planner.runs import shipped_runs_path
+    from gpufleet.planner.published_runs import shipped_runs_path
 
     return yaml.safe_load(shipped_runs_path().read_text(encoding="utf-8"))[0]
 

@@ -14,7 +14,7 @@ from gpufleet.economics.cloud import billed_gpus, cost_of_gpu_hours, cost_of_job
 from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.facility import estimate_facility, node_power_w
 from gpufleet.economics.network import fat_tree_bom
-from gpufleet.economics.run import RunEconomics, run_economics
+from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.economics.tco import Capex, OnPremTco, onprem_tco
 from gpufleet.errors import CatalogError, InputError, UnknownNameError
 

@@ -13,7 +13,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.fits import FitRecord, apply_fits
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.planner.fit import CrossValidation, cross_validate, fit_cases, fit_runs, refit
-from gpufleet.planner.runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
 from gpufleet.planner.validate import predict_run
 
 DATA = Path(__file__).parent / "data"

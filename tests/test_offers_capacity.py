@@ -13,7 +13,7 @@ from clirun import run_gpufleet
 from gpufleet.catalog.economics_records import CloudOffer
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.cloud import skipped_for_size, split_by_size
-from gpufleet.economics.run import run_economics
+from gpufleet.economics.run_economics import run_economics
 
 DAY = 86400.0
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpufleet.catalog.economics_records import FailureStats
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InfeasibleError, InputError
-from gpufleet.reliability.checkpoint import (
+from gpufleet.reliability.checkpoint_interval import (
     checkpoint_bytes,
     daly_interval_s,
     write_bandwidth_bytes_per_s,

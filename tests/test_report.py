@@ -20,7 +20,7 @@ from gpufleet.economics.cloud import offers_for_gpu
 from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.tco import onprem_tco
 from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
-from gpufleet.planner.runs import framework_options
+from gpufleet.planner.published_runs import framework_options
 from gpufleet.reliability.goodput import goodput
 from gpufleet.report.html import write_report
 from gpufleet.report.plan_figures import PlanFigures, plan_figures

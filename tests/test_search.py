@@ -10,7 +10,7 @@ from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import peak_stage_memory
 from gpufleet.perf.step import estimate_step
-from gpufleet.planner.search import Candidate, SearchSpace, enumerate_layouts, evaluate, search
+from gpufleet.planner.search import Candidate, Infeasible, SearchSpace, enumerate_layouts, evaluate, search
 from gpufleet.workload.job import Job
 
 CATALOG = load_catalog()
@@ -71,8 +71,8 @@ def test_a_layout_two_percent_over_hbm_does_not_fit() -> None:
     tight_gpu = H100.model_copy(update={"hbm_gib": fits.memory.total_bytes / 1.02 / 2**30})
     tight = Cluster(tight_gpu, CATALOG.node("dgx-h100"), 8, Fabric(CATALOG.network("ndr400")))
     refused = evaluate(job, layout, tight, CAL)
-    assert not isinstance(refused, Candidate) and refused[0] == "memory"
-    assert refused[1] == pytest.approx(fits.memory.total_bytes * (1 - 1 / 1.02), rel=1e-6)
+    assert isinstance(refused, Infeasible) and refused.reason == "memory"
+    assert refused.over_bytes == pytest.approx(fits.memory.total_bytes * (1 - 1 / 1.02), rel=1e-6)
     fixed = {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "sharding": "zero1", "micro_batch": 1, "recompute": "full",
              "sequence_parallel": False}
     assert search(job, tight, CAL, fixed=fixed).best is None

@@ -28,7 +28,7 @@ from gpufleet.economics.cloud import cost_of_job, offer
 from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.facility import HOURS_PER_YEAR, estimate_facility
 from gpufleet.economics.tco import HOURS_PER_MONTH, Capex, OnPremTco, onprem_tco
-from gpufleet.reliability.checkpoint import daly_interval_s, young_interval_s
+from gpufleet.reliability.checkpoint_interval import daly_interval_s, young_interval_s
 from gpufleet.reliability.failures import FailureModel
 
 DAY = 86400.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,8 +20,7 @@ from gpufleet.fabric.placement import group_span
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions
-from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
-from gpufleet.planner.runs import (
+from gpufleet.planner.published_runs import (
     PublishedRun,
     check_run_stacks,
     load_runs,
@@ -30,7 +28,8 @@ from gpufleet.planner.runs import (
     run_step_options,
     shipped_runs_path,
 )
-from gpufleet.planner.validate import RunPrediction, predict_run, summarize
+from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
+from gpufleet.planner.validate import ErrorStats, RunPrediction, Summary, predict_run, summarize
 
 DATA = Path(__file__).parent / "data"
 RUN_FILES = (shipped_runs_path(), shipped_runs_path("vtrain_runs.yaml"), *sorted(DATA.glob("*_holdout.yaml")))
@@ -54,13 +53,12 @@ def published_predictions() -> dict[str, RunPrediction]:
 
 
 @pytest.fixture(scope="module")
-def published(published_predictions: dict[str, RunPrediction]) -> dict[str, object]:
+def published(published_predictions: dict[str, RunPrediction]) -> Summary:
     return summarize(list(published_predictions.values()))
 
 
-def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: dict[str, object]) -> None:
-    skipped = published["skipped"]
-    assert isinstance(skipped, list)
+def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: Summary) -> None:
+    skipped = published.skipped
     # Only runs whose layout lacks tp, pp or dp (RUNS.md) or whose layout no longer fits are skipped.
     assert len(skipped) <= 4
 
@@ -72,16 +70,15 @@ def test_every_published_run_is_predicted_or_skipped_with_a_reason(published: di
 SMALL_EXPERT_DROPLESS_RUN = "mbridge-2511-qwen3-30b-a3b-fp8cs-16"
 
 
-def test_regression_guard_published_accuracy(published: dict[str, object],
+def test_regression_guard_published_accuracy(published: Summary,
                                              published_predictions: dict[str, RunPrediction]) -> None:
     # A regression guard (bounds at the figures measured when written, docs/validation.md), in-sample: issue 7's
     # targets high+medium median <= 10 %, all runs median <= 15 %, worst high+medium <= 25 % but for the dropless
     # Qwen3-30B-A3B row.
-    high, high_medium, everything = published["high"], published["high+medium"], published["all"]
-    assert isinstance(high, dict) and isinstance(high_medium, dict) and isinstance(everything, dict)
-    assert high_medium["median_abs_error"] <= 0.10
-    assert everything["median_abs_error"] <= 0.15
-    assert high["worst_abs_error"] <= 0.25
+    high, high_medium, everything = (published.groups[group] for group in ("high", "high+medium", "all"))
+    assert high_medium.median_abs_error is not None and high_medium.median_abs_error <= 0.10
+    assert everything.median_abs_error is not None and everything.median_abs_error <= 0.15
+    assert high.worst_abs_error is not None and high.worst_abs_error <= 0.25
     others = [abs(p.error or 0.0) for run_id, p in published_predictions.items()
               if p.quality in ("high", "medium") and run_id != SMALL_EXPERT_DROPLESS_RUN]
     assert max(others) <= 0.25
@@ -89,7 +86,8 @@ def test_regression_guard_published_accuracy(published: dict[str, object],
     assert outlier.layout is not None and outlier.layout.recompute == "full" and outlier.layout.sharding == "zero1"
     assert outlier.error is not None and 0.3 < outlier.error < 1.1
     # the published layouts the memory model rejects are counted, not hidden by a tolerance
-    assert published["memory_rejected"] == {"runs": 2, "ids": ["deepseek-v3-2048xh800", "mpt-30b-a100-8gpu-s2048-bf16"]}
+    assert published.memory_rejected == ("deepseek-v3-2048xh800", "mpt-30b-a100-8gpu-s2048-bf16")
+    assert published.as_dict()["memory_rejected"] == {"runs": 2, "ids": list(published.memory_rejected)}
 
 
 def test_every_run_names_a_catalog_stack_and_says_how_its_element_wise_ops_ran() -> None:
@@ -269,30 +267,30 @@ def test_vtrain_node_all_reduce_matches_vtrain_nccl_tests(gpus: int, measured_s:
 
 def test_vtrain_absolute_accuracy(vtrain: tuple[list, list]) -> None:
     _, predictions = vtrain
-    summary = summarize(predictions)
-    assert summary["all"]["runs"] == 109
+    summary = summarize(predictions).all
+    assert summary.runs == 109 and summary.median_abs_error is not None
     # Issue 7 target: median |error| <= 10 %. Measured 6.9 % with the node's measured NVLink all-reduce. vTrain's runs
     # are no fitting set of the recorded fits (they need their own cluster file): out of sample for all four.
-    assert summary["all"]["median_abs_error"] <= 0.10
+    assert summary.median_abs_error <= 0.10
 
 
 def test_vtrain_ranking(vtrain: tuple[list, list]) -> None:
     runs, predictions = vtrain
     ranking = rank_groups(runs, predictions)
-    groups = {row["group"].split(" (")[0]: row for row in ranking["groups"]}
+    groups = {row.group.split(" (")[0]: row for row in ranking.groups}
     assert set(groups) == {"GPT 3.6B", "GPT 18.4B", "GPT 39.1B", "GPT 175B"}
     # Issue 7 targets: Spearman >= 0.9 and regret <= 2 % in every group. Met for 3.6B (0.95); 175B 0.85 (its
     # 21 runs span 54-67 s: overlapping the backward TP all-reduce with the weight-gradient GEMM, as Megatron-
     # DeepSpeed does, moved it from 0.92 and 39.1B from 0.65 to 0.73); 18.4B 0.79 (its pick is 4.5 % slower).
-    assert groups["GPT 3.6B"]["spearman"] >= 0.9
-    assert groups["GPT 175B"]["spearman"] >= 0.8 and groups["GPT 18.4B"]["spearman"] >= 0.75
-    assert min(row["spearman"] for row in groups.values()) >= 0.7
-    assert groups["GPT 3.6B"]["regret"] <= 0.02 and groups["GPT 175B"]["regret"] <= 0.02
+    assert groups["GPT 3.6B"].spearman >= 0.9
+    assert groups["GPT 175B"].spearman >= 0.8 and groups["GPT 18.4B"].spearman >= 0.75
+    assert min(row.spearman for row in groups.values()) >= 0.7
+    assert groups["GPT 3.6B"].regret <= 0.02 and groups["GPT 175B"].regret <= 0.02
     # The table names layouts, not run ids: the 3.6B pick is the measured best, tp1 pp1 dp64 mb8.
-    assert groups["GPT 3.6B"]["pick_layout"] == groups["GPT 3.6B"]["measured_best_layout"]
-    assert groups["GPT 3.6B"]["pick_layout"].startswith("tp1 pp1 dp64 mb8")
-    assert groups["GPT 39.1B"]["regret"] <= 0.02
-    assert max(row["regret"] for row in groups.values()) <= 0.05
+    assert groups["GPT 3.6B"].pick_layout == groups["GPT 3.6B"].measured_best_layout
+    assert groups["GPT 3.6B"].pick_layout.startswith("tp1 pp1 dp64 mb8")
+    assert groups["GPT 39.1B"].regret <= 0.02
+    assert max(row.regret for row in groups.values()) <= 0.05
 
 
 def test_smooth_model_ceiling_by_hand() -> None:
@@ -324,13 +322,13 @@ def test_vtrain_18b_group_is_noisier_than_the_rank_target(vtrain: tuple[list, li
     # sub-group's work and per-micro-batch cost, fitted to the measurements themselves, reaches only 0.89:
     # tp4 pp2 runs 10.03 s at mb 2, 10.95 s at mb 4 and 10.86 s at mb 8 (vTrain's ground_truth_multi.csv).
     runs, predictions = vtrain
-    groups = {row["group"].split(" (")[0]: row for row in rank_groups(runs, predictions)["groups"]}
-    assert groups["GPT 18.4B"]["smooth_model_ceiling"] < 0.9
+    groups = {row.group.split(" (")[0]: row for row in rank_groups(runs, predictions).groups}
+    assert groups["GPT 18.4B"].smooth_model_ceiling < 0.9
     # ... and that model's pick is more than 2 % slower than the measured best (tp8 pp1 is 9.60 s at mb 8 but
     # 10.45 s at mb 2 and 10.51 s at mb 16), so the regret target asks for the same scatter.
-    assert groups["GPT 18.4B"]["smooth_model_regret"] > 0.02
-    assert groups["GPT 39.1B"]["smooth_model_ceiling"] > 0.9  # reachable in principle; the model is at 0.65
-    assert all(row["spearman"] <= row["smooth_model_ceiling"] + 0.05 for row in groups.values())
+    assert groups["GPT 18.4B"].smooth_model_regret > 0.02
+    assert groups["GPT 39.1B"].smooth_model_ceiling > 0.9  # reachable in principle; the model is at 0.65
+    assert all(row.spearman <= row.smooth_model_ceiling + 0.05 for row in groups.values())
 
 
 def test_a_runs_own_expert_tp_wins_over_its_stacks() -> None:
@@ -399,11 +397,11 @@ def test_regression_guard_nemotron4_340b() -> None:
     assert dgxc.error is not None and abs(dgxc.error) <= 0.20
 
 
-def _holdout_summary(name: str) -> dict[str, Any]:
+def _holdout_summary(name: str) -> ErrorStats:
     """Median and worst |error| over a hold-out file's runs (validate's own summary); every run predicted."""
     predictions = [predict_run(run, load_catalog()) for run in load_runs(DATA / name)]
     assert all(p.error is not None for p in predictions)
-    return summarize(predictions)["all"]
+    return summarize(predictions).all
 
 
 def test_regression_guard_nemo_2412() -> None:
@@ -411,9 +409,9 @@ def test_regression_guard_nemo_2412() -> None:
     # for the 8 rows whose models the catalog has. When written: median 7.5 %, worst -18.5 % (Nemotron-4 340B at
     # vpp 12: the memory model wants recompute, and only full is expressible).
     summary = _holdout_summary("nemo_2412_holdout.yaml")
-    assert summary["runs"] == 8
-    assert summary["median_abs_error"] <= 0.10
-    assert summary["worst_abs_error"] <= 0.20
+    assert summary.runs == 8
+    assert summary.median_abs_error <= 0.10
+    assert summary.worst_abs_error <= 0.20
 
 
 def test_regression_guard_nemo_blackwell() -> None:
@@ -421,9 +419,9 @@ def test_regression_guard_nemo_blackwell() -> None:
     # tables for DGX-B200 (25.02 container) and DGX-GB200 (25.04), 12 rows. When written: median 6.8 %, worst 13.7 %
     # (25.02 was early software for B200: Llama 3 8B on 8 B200 ran 26,006 tokens/s/GPU there, 30,624 in 25.11).
     summary = _holdout_summary("nemo_blackwell_holdout.yaml")
-    assert summary["runs"] == 12
-    assert summary["median_abs_error"] <= 0.12
-    assert summary["worst_abs_error"] <= 0.20
+    assert summary.runs == 12
+    assert summary.median_abs_error <= 0.12
+    assert summary.worst_abs_error <= 0.20
 
 
 def test_regression_guard_automodel() -> None:

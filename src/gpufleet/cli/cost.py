@@ -15,7 +15,7 @@ from gpufleet.catalog.economics_records import Pricing
 from gpufleet.cli.common import CatalogOption, JsonOption, gpu_for, open_catalog
 from gpufleet.cli.facility import FACILITY_FLAGS, node_network, resolve_node
 from gpufleet.cli.output import Output
-from gpufleet.errors import CatalogError, InputError
+from gpufleet.errors import InputError
 
 DEFAULT_ONPREM_GPUS = 512
 
@@ -101,16 +101,9 @@ def register(app: typer.Typer) -> None:
         Examples: `gpufleet cost --gpu-hours 1e6 --gpu h100-sxm`; `gpufleet cost --plan plan.json` with the
         output of `gpufleet plan --json` for one GPU count.
         """
-        from gpufleet.economics.cloud import (
-            cost_of_gpu_hours,
-            describe_skipped,
-            offer,
-            offers_for_gpu,
-            reference_offer,
-            split_by_size,
-        )
+        from gpufleet.economics.cloud import describe_skipped
+        from gpufleet.economics.compare import CostRequest, compare_costs
         from gpufleet.economics.defaults import facility_defaults
-        from gpufleet.economics.tco import onprem_tco
         from gpufleet.units import parse_count
 
         cat = open_catalog(catalog)
@@ -147,44 +140,11 @@ def register(app: typer.Typer) -> None:
             cat, flags=FACILITY_FLAGS, pue=pue, usd_per_kwh=usd_per_kwh, amortization_years=years,
             fleet_utilization=utilization,
         )
-        offers = offers_for_gpu(cat, gpu, pricing or None)
-        if not offers:
-            sold = sorted({o.pricing for o in offers_for_gpu(cat, gpu)})
-            raise CatalogError(
-                f"no cloud offer for GPU {gpu!r}" + (f" with --pricing {', '.join(pricing)}" if pricing else "")
-                + (f"; its offers are {', '.join(sold)}" if sold and pricing else "")
-                + ("" if sold else "; add one under 'cloud_offers:' (--catalog FILE)")
-            )
-        offers, skipped = split_by_size(offers, gpus) if size_known else (offers, [])
-        costs = sorted((cost_of_gpu_hours(o, hours) for o in offers), key=lambda c: (c.usd, c.name))
-        against = offer(cat, offer_name) if offer_name else reference_offer(cat, gpu)
-        if against.gpu != gpu:
-            raise InputError(f"--offer {against.id} rents {against.gpu}, not {gpu}")
-        tco = onprem_tco(cat, spec, gpus, defaults, node_network(cat, spec))
-        u = defaults.fleet_utilization
-        rate = tco.usd_per_gpu_hour(u)
-        onprem: dict[str, Any] = {
-            "gpus": gpus,
-            "node": spec.id,
-            "utilization": u,
-            "amortization_years": defaults.amortization_years,
-            "usd_per_gpu_hour": rate,
-            "usd": rate * hours,
-            "capex_usd": tco.capex.total_usd,
-            "capex": {
-                "servers_usd": tco.capex.servers_usd,
-                "switches_usd": tco.capex.switches_usd,
-                "optics_usd": tco.capex.optics_usd,
-                "storage_usd": tco.capex.storage_usd,
-                "facility_usd": tco.capex.facility_usd,
-            },
-            "annual_usd": tco.annual_usd(u),
-            "opex_usd_per_month": tco.opex_usd_per_month(u),
-            "against_offer": against.id,
-            "against_usd_per_gpu_hour": against.usd_per_gpu_hour,
-            "breakeven_utilization": tco.breakeven_utilization(against.usd_per_gpu_hour),
-            "breakeven_months": tco.breakeven_months(against.usd_per_gpu_hour, u),
-        }
+        compared = compare_costs(cat, CostRequest(gpu, hours, spec, gpus, defaults, node_network(cat, spec),
+                                                  tuple(pricing or ()), offer_name, size_known))
+        costs, skipped, tco, against = compared.costs, list(compared.skipped), compared.tco, compared.against
+        u, rate = compared.utilization, compared.onprem_usd_per_gpu_hour
+        onprem = compared.onprem_dict()
         data: dict[str, Any] = {
             "gpu": gpu,
             "gpu_hours": hours,

@@ -24,7 +24,7 @@ from gpufleet.parallel.layout import (
     validate_layout,
 )
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
-from gpufleet.planner.runs import framework_options
+from gpufleet.planner.published_runs import framework_options
 from gpufleet.planner.search import HOST_RAM_USABLE_FRACTION, host_memory_bytes, host_memory_fits
 
 GIB = 2**30

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import typer
 from rich.console import Console
@@ -25,7 +25,7 @@ from gpufleet.cli.common import (
     with_calibration,
 )
 from gpufleet.cli.output import EXIT_USAGE, Output
-from gpufleet.errors import InfeasibleError, InputError, NoLegalLayoutError
+from gpufleet.errors import InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
@@ -38,12 +38,15 @@ from gpufleet.planner.plan import (
     make_plan,
     pipeline_warning,
 )
-from gpufleet.planner.runs import framework_options, stack_search_space
+from gpufleet.planner.published_runs import framework_options, stack_search_space
 from gpufleet.planner.search import SearchSpace
 from gpufleet.planner.sites import sites_fields
 from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.report.saved import saved_header
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
+
+if TYPE_CHECKING:
+    from gpufleet.planner.sweep import SweepPoint
 
 GIB = 2**30
 DAY_S = 86400.0
@@ -365,6 +368,18 @@ def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:
                       f"{econ.it_power_max_w / 1e3:,.0f} kW IT max, {econ.racks} racks")
 
 
+def sweep_row(point: SweepPoint) -> dict[str, Any]:
+    """One GPU count of a sweep as `--json` writes it: its best plan, or why it has none."""
+    if point.result is None:
+        return {"gpus": point.gpus, "fits": False, "verdict": point.verdict, "reason": point.reason}
+    result = point.result
+    row = {"gpus": point.gpus, "global_batch": result.job.global_batch, "fits": True,
+           **plan_to_dict(point.best, result)}
+    if result.economics_error is not None:
+        row["economics_unavailable"] = result.economics_error
+    return row
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
@@ -468,12 +483,14 @@ def register(app: typer.Typer) -> None:
                                  f"{result.economics_error}", result_to_dict(result))
             out.warn(f"step times stand, but no cost, power or goodput: {result.economics_error}")
         if budget is not None:
-            within = [p for p in result.plans if p.cheapest_usd is not None and p.cheapest_usd <= budget]
+            from gpufleet.planner.sweep import within_budget
+
+            within = within_budget(result.plans, budget)
             if not within:
                 out.check_failed(f"no plan's cheapest cloud cost fits the ${budget:,.0f} budget; cheapest is "
                                  f"${min((p.cheapest_usd or float('inf')) for p in result.plans):,.0f}",
                                  {**result_to_dict(result), "budget_usd": budget, "plans": []})
-            result.plans = sorted(within, key=lambda p: p.wall_time_s)
+            result.plans = within
         if explain is not None and not 1 <= explain <= len(result.plans):
             raise InputError(f"--explain must be between 1 and {len(result.plans)}")
         shown = result.plans[:top]
@@ -498,34 +515,21 @@ def register(app: typer.Typer) -> None:
 
     def _emit_sweep(out: Output, cat: Any, base: PlanRequest, counts: list[int], deadline_s: float | None,
                     plot: Path | None, html_report: Path | None = None) -> None:
-        rows: list[dict[str, Any]] = []
-        results: dict[int, PlanResult] = {}  # for --html
+        from gpufleet.planner.sweep import sweep_counts
+
         started = time.monotonic()
-        chosen: dict[str, Any] | None = None
         with out.progress(*Progress.get_default_columns()) as progress:
             task = progress.add_task("planning", total=len(counts))
-            for count in sorted(counts):
-                request = PlanRequest(**{**base.__dict__, "gpus": count, "top": 1})
-                try:
-                    result = make_plan(request, cat)
-                except (InfeasibleError, NoLegalLayoutError) as error:
-                    verdict = "no legal layout" if isinstance(error, NoLegalLayoutError) else "does not fit"
-                    rows.append({"gpus": count, "fits": False, "verdict": verdict, "reason": str(error)})
-                else:
-                    best = result.plans[0]
-                    results[count] = result
-                    row = {"gpus": count, "global_batch": result.job.global_batch, "fits": True,
-                           **plan_to_dict(best, result)}
-                    if result.economics_error is not None:
-                        row["economics_unavailable"] = result.economics_error
-                    rows.append(row)
-                    if deadline_s is not None and chosen is None and best.wall_time_s <= deadline_s:
-                        chosen = row
+
+            def advance() -> None:
                 progress.advance(task)
-                if time.monotonic() - started < 1.0:
-                    progress.update(task, visible=False)
-                else:
-                    progress.update(task, visible=True)
+                progress.update(task, visible=time.monotonic() - started >= 1.0)
+
+            found = sweep_counts(base, counts, cat, deadline_s, advance)
+        rows = [sweep_row(point) for point in found.points]
+        results = {point.gpus: point.result for point in found.points if point.result is not None}  # for --html
+        chosen = (next(row for row in rows if row["gpus"] == found.smallest_meeting_deadline.gpus)
+                  if found.smallest_meeting_deadline else None)
         unavailable = [row for row in rows if row.get("economics_unavailable")]
         if unavailable:
             out.warn(f"step times stand, but no cost, power or goodput at "
@@ -554,12 +558,9 @@ def register(app: typer.Typer) -> None:
         if deadline_s is not None:
             data["deadline_s"] = deadline_s
             data["smallest_meeting_deadline"] = chosen["gpus"] if chosen else None
-            meeting = [row for row in rows if row["fits"] and row["time_to_train_s"] <= deadline_s
-                       and row.get("cost", {}).get("offers")]
-            cheapest = min(meeting, key=lambda row: row["cost"]["offers"][0]["usd"], default=None)
+            cheapest = found.cheapest_meeting_deadline
             data["cheapest_meeting_deadline"] = (
-                {"gpus": cheapest["gpus"], "offer": cheapest["cost"]["offers"][0]["name"],
-                 "usd": cheapest["cost"]["offers"][0]["usd"]} if cheapest else None)
+                {"gpus": cheapest.gpus, "offer": cheapest.offer.name, "usd": cheapest.offer.usd} if cheapest else None)
 
         def render(console: Console) -> None:
             gpu_spec = cat.gpu(base.gpu)

@@ -30,7 +30,7 @@ def _check_range(flag: str, value: float, bounds: tuple[float, float], unit: str
 
 def _check_interval(interval_min: float, write_s: float, restart_s: float, mtti_s: float) -> None:
     """Refuse an --interval-min at which the job would make no progress (when some interval would)."""
-    from gpufleet.reliability.checkpoint import daly_interval_s
+    from gpufleet.reliability.checkpoint_interval import daly_interval_s
     from gpufleet.reliability.goodput import progress_interval_range_s
 
     span = progress_interval_range_s(write_s=write_s, restart_s=restart_s, mtti_s=mtti_s)
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         """
         from gpufleet.catalog.economics_records import FailureStats
         from gpufleet.economics.defaults import reliability_defaults
-        from gpufleet.reliability.checkpoint import checkpoint_bytes, write_bandwidth_bytes_per_s
+        from gpufleet.reliability.checkpoint_interval import checkpoint_bytes, write_bandwidth_bytes_per_s
         from gpufleet.reliability.estimate import estimate_reliability
         from gpufleet.reliability.failures import FailureModel
         from gpufleet.units import parse_count, parse_duration_s
@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
             "lost_gpu_hours": est.lost_gpu_hours,
         }
         if interval_min is not None:
-            from gpufleet.reliability.checkpoint import daly_interval_s
+            from gpufleet.reliability.checkpoint_interval import daly_interval_s
 
             data["optimal_interval_min"] = daly_interval_s(est.checkpoint_write_s, est.mtti_s) / 60
 

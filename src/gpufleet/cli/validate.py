@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -13,12 +13,15 @@ from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, op
 from gpufleet.cli.output import Output
 from gpufleet.errors import InputError
 
+if TYPE_CHECKING:
+    from gpufleet.planner.ranking import GroupRanking
+
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _render_cross_validation(console: Console, in_sample: dict[str, Any], cv: dict[str, Any]) -> None:
+def _render_cross_validation(console: Console, median: float | None, cv: dict[str, Any]) -> None:
     """The leave-one-source-out table: per source left out, then pooled, next to the in-sample figure."""
     table = Table(title="leave-one-source-out (fits refitted without the source; |error| of tokens/s per GPU)",
                   title_justify="left")
@@ -36,9 +39,26 @@ def _render_cross_validation(console: Console, in_sample: dict[str, Any], cv: di
     row("all (MoE)", cv["moe"])
     row("all", cv)
     console.print(table)
-    median = in_sample["median_abs_error"]
     console.print(f"in-sample median |error| {'-' if median is None else f'{median:.1%}'}; "
                   f"leave-one-source-out {cv['median_abs_error']:.1%} (the error to expect on a new stack)")
+
+
+def _render_ranking(console: Console, ranking: GroupRanking) -> None:
+    """validate --rank's table: per group, how the planner's order of layouts compares with the measured one."""
+    table = Table(title="layout ranking per group (same model, GPU and count)", title_justify="left")
+    for column in ("group", "runs", "Spearman", "ceiling", "regret", "top-3", "median |err|", "measured best",
+                   "pick"):
+        table.add_column(column)
+    for row in ranking.groups:
+        table.add_row(row.group, str(row.runs), f"{row.spearman:.2f}", f"{row.smooth_model_ceiling:.2f}",
+                      f"{row.regret:.1%}", f"{row.top3_overlap:.0%}", f"{row.median_abs_error:.1%}",
+                      row.measured_best_layout, row.pick_layout)
+    console.print(table)
+    console.print("ceiling: the Spearman of a reference model smooth in micro-batch size that is told each (tp, pp, "
+                  "cp, ep, vpp) sub-group's work and per-micro-batch cost, fitted to the measurements themselves")
+    if ranking.skipped_groups:
+        console.print("groups with fewer than 4 runs (not scored): " + ", ".join(
+            f"{g.group} ({g.runs})" for g in ranking.skipped_groups))
 
 
 def register(app: typer.Typer) -> None:
@@ -76,7 +96,7 @@ def register(app: typer.Typer) -> None:
         Examples: gpufleet validate --plot parity.png;
         gpufleet validate --cross-validate --runs a.yaml --runs b.yaml
         """
-        from gpufleet.planner.runs import check_run_stacks, load_runs
+        from gpufleet.planner.published_runs import check_run_stacks, load_runs
         from gpufleet.planner.validate import predict_run, summarize
 
         out = Output(json)
@@ -95,7 +115,7 @@ def register(app: typer.Typer) -> None:
             from_file = load_runs(path)
             check_run_stacks(from_file, cat, path)
             loaded.extend(from_file)
-        from gpufleet.planner.runs import check_unique_ids
+        from gpufleet.planner.published_runs import check_unique_ids
 
         check_unique_ids(loaded)
         if node is not None:
@@ -109,7 +129,7 @@ def register(app: typer.Typer) -> None:
         options = StepOptions(dp_overlap=dp_overlap)
         predictions = [predict_run(run, cat, options, node_id=node) for run in loaded]
         summary = summarize(predictions)
-        data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary}
+        data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict()}
         if cross_validate:
             from gpufleet.planner.fit import cross_validate as leave_one_source_out
 
@@ -119,7 +139,7 @@ def register(app: typer.Typer) -> None:
             from gpufleet.planner.ranking import rank_groups
 
             ranking = rank_groups(loaded, predictions)
-            data["ranking"] = ranking
+            data["ranking"] = ranking.as_dict()
         if plot is not None:
             from gpufleet.planner.ranking import group_key
             from gpufleet.report.plots import write_parity_plot
@@ -151,24 +171,22 @@ def register(app: typer.Typer) -> None:
             for column in ("runs", "n", "median |error|", "worst |error|", "worst run"):
                 stats.add_column(column)
             for key in ("high", "medium", "high+medium", "low", "all"):
-                row = summary[key]
-                stats.add_row(key, str(row["runs"]),
-                              f"{row['median_abs_error']:.1%}" if row["median_abs_error"] is not None else "-",
-                              f"{row['worst_abs_error']:.1%}" if row["worst_abs_error"] is not None else "-",
-                              row["worst_id"] or "-")
+                row = summary.groups[key]
+                stats.add_row(key, str(row.runs),
+                              f"{row.median_abs_error:.1%}" if row.median_abs_error is not None else "-",
+                              f"{row.worst_abs_error:.1%}" if row.worst_abs_error is not None else "-",
+                              row.worst_id or "-")
             console.print(stats)
-            rejected = summary["memory_rejected"]
-            if rejected["runs"]:
-                console.print(f"memory model rejects {rejected['runs']} published layout(s) (predicted anyway, in the "
-                              f"figures above): {', '.join(rejected['ids'])}")
-            if summary["skipped"]:
-                console.print(f"skipped: {', '.join(summary['skipped'])}")
+            rejected = summary.memory_rejected
+            if rejected:
+                console.print(f"memory model rejects {len(rejected)} published layout(s) (predicted anyway, in the "
+                              f"figures above): {', '.join(rejected)}")
+            if summary.skipped:
+                console.print(f"skipped: {', '.join(summary.skipped)}")
             if cross_validate:
-                _render_cross_validation(console, summary["all"], data["cross_validated"])
+                _render_cross_validation(console, summary.all.median_abs_error, data["cross_validated"])
             if ranking is not None:
-                from gpufleet.planner.ranking import render_ranking
-
-                render_ranking(console, ranking)
+                _render_ranking(console, ranking)
 
         if not any(p.predicted_tokens_per_s_per_gpu for p in predictions):
             first = next((p for p in predictions if p.reason), predictions[0])

@@ -11,7 +11,7 @@ from gpufleet.parallel.layout import Layout, Recompute, Sharding, validate_layou
 from gpufleet.parallel.memory import peak_stage_memory
 from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.planner.plan import PlanRequest, build_cluster, build_job
-from gpufleet.planner.runs import stack_calibration
+from gpufleet.planner.published_runs import stack_calibration
 
 
 def expected_step(catalog: Catalog, model_id: str, gpu_id: str, gpus: int, degrees: dict[str, int], dp: int,

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
+from gpufleet.catalog.judgements import step_judgements
+from gpufleet.catalog.records import GPUSpec, ModelSpec, MoESpec, Precision
 from gpufleet.parallel.layout import Layout, SelectivePolicy, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
 from gpufleet.workload.params import attention_params
@@ -145,125 +146,187 @@ def _eager_extra_elements_per_token(model: ModelSpec, hidden_share: float, ffn_s
     return extra
 
 
+@dataclass(frozen=True, slots=True)
+class _LayerShape:
+    """What sizes one layer's kernels on one GPU: the model, the layout, tokens per micro-batch and the peaks."""
+
+    model: ModelSpec
+    layout: Layout
+    calibration: CalibrationProfile
+    precision: Precision
+    seq_len: int
+    tokens: float  # per micro-batch on this GPU (after cp)
+    gemm_peak: float  # FLOP/s of the job's GEMM precision
+    attn_peak: float  # FLOP/s of the 16-bit kernels (attention, router): fp8 recipes keep them in bf16
+
+    def gemm(self, m: float, n: float, k: float, count: float = 1.0) -> float:
+        """Seconds of `count` GEMMs of shape M×N×K in the job's precision."""
+        return gemm_time_s(m, n, k, self.gemm_peak, self.calibration, self.precision, count)
+
+
+@dataclass(frozen=True, slots=True)
+class _Gemms:
+    """Forward GEMM seconds and FLOPs of a layer's blocks so far, of every second matmul (what op-level selective
+    recompute re-runs), of the column-parallel GEMMs (QKV; MLP up/gate) and the MLP's width per token."""
+
+    s: float
+    flops: float
+    alternate_s: float
+    alternate_flops: float
+    qkv_s: float
+    up_s: float = 0.0
+    ffn_width: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _AttentionCore:
+    """Seconds of the attention core (scores and values) forward and backward, and its forward FLOPs."""
+
+    fwd_s: float
+    bwd_s: float
+    flops: float
+
+
 def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,
                   *, seq_len: int, precision: Precision, moe_layer: bool,
                   fused_elementwise: bool = True) -> LayerCompute:
     """Forward compute of one layer for one micro-batch on one GPU of `layout`; `fused_elementwise=False`
     prices eager PyTorch's unfused norms, rotary and gated activation."""
-    tp, cp = layout.tp, layout.cp
-    tokens = layout.micro_batch * seq_len / cp
-    h = model.hidden
-    gemm_peak = gpu.peak_flops(precision)
-    attn_peak = gpu.peak_flops("bf16" if precision in ("fp8", "fp4") else precision)
+    shape = _LayerShape(model, layout, calibration, precision, seq_len, tokens=layout.micro_batch * seq_len / layout.cp,
+                        gemm_peak=gpu.peak_flops(precision),
+                        attn_peak=gpu.peak_flops("bf16" if precision in ("fp8", "fp4") else precision))
+    projections = _attention_projections(shape)
+    moe = model.moe if moe_layer else None
+    gemms = _moe_mlp(shape, moe, projections) if moe is not None else _dense_mlp(shape, projections)
+    core = _attention_core(shape, gpu.hbm_bytes_per_s)
+    elements = _elementwise_elements(shape, gemms.ffn_width, moe is not None, fused_elementwise)
+    elementwise_s = elements * ACTIVATION_BYTES / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+    return LayerCompute(
+        gemm_fwd_s=gemms.s,
+        attention_fwd_s=core.fwd_s,
+        attention_bwd_s=core.bwd_s,
+        elementwise_fwd_s=elementwise_s,
+        gemm_flops_fwd=gemms.flops,
+        attention_flops_fwd=core.flops,
+        alternate_matmul_fwd_s=gemms.alternate_s,
+        alternate_matmul_flops_fwd=gemms.alternate_flops,
+        qkv_gemm_fwd_s=gemms.qkv_s,
+        mlp_up_gemm_fwd_s=gemms.up_s,
+    )
 
-    # Attention projections: QKV then output (MLA: treated as the same parameter count).
-    attn_params = attention_params(model)
+
+def _attention_projections(shape: _LayerShape) -> _Gemms:
+    """QKV then the output projection (MLA: treated as the same parameter count)."""
+    model, tokens, tp, h = shape.model, shape.tokens, shape.layout.tp, shape.model.hidden
     if model.mla is None:
         q_width = model.heads * model.head_dim_
         kv_width = 2 * model.kv_heads * model.head_dim_
-        qkv_s = gemm_time_s(tokens, (q_width + kv_width) / tp, h, gemm_peak, calibration, precision)
-        out_s = gemm_time_s(tokens, h, q_width / tp, gemm_peak, calibration, precision)
-        gemm_s = qkv_s + out_s
-        gemm_flops = 2 * tokens * h * (2 * q_width + kv_width) / tp
+        qkv_s = shape.gemm(tokens, (q_width + kv_width) / tp, h)
+        out_s = shape.gemm(tokens, h, q_width / tp)
         # every second matmul of q, k, v, out: k and out
-        alternate_s = gemm_time_s(tokens, kv_width / 2 / tp, h, gemm_peak, calibration, precision) + out_s
-        alternate_flops = 2 * tokens * h * (kv_width / 2 + q_width) / tp
-    else:
-        gemm_s = gemm_time_s(tokens, attn_params / (h * tp), h, gemm_peak, calibration, precision)
-        qkv_s = gemm_s / 2  # MLA: the down/up projections before attention, about half (judgement)
-        gemm_flops = 2 * tokens * attn_params / tp
-        alternate_s, alternate_flops = gemm_s / 2, gemm_flops / 2  # MLA's projections: half (judgement)
+        return _Gemms(s=qkv_s + out_s, flops=2 * tokens * h * (2 * q_width + kv_width) / tp,
+                      alternate_s=shape.gemm(tokens, kv_width / 2 / tp, h) + out_s,
+                      alternate_flops=2 * tokens * h * (kv_width / 2 + q_width) / tp, qkv_s=qkv_s)
+    gemm_s = shape.gemm(tokens, attention_params(model) / (h * tp), h)
+    gemm_flops = 2 * tokens * attention_params(model) / tp
+    # MLA: the down/up projections before attention, about half; its alternate matmuls, half (judgement)
+    return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=gemm_s / 2, alternate_flops=gemm_flops / 2,
+                  qkv_s=gemm_s / 2)
 
-    # MLP: dense, or routed + shared experts (balanced routing: each GPU processes tokens × top_k).
+
+def _moe_mlp(shape: _LayerShape, moe: MoESpec, before: _Gemms) -> _Gemms:
+    """Routed experts (split f over etp ranks; each rank computes the tokens it routes, balanced: tokens × top_k),
+    the shared experts and the router, added to the attention block's GEMMs."""
+    model, layout, tokens, tp, h = shape.model, shape.layout, shape.tokens, shape.layout.tp, shape.model.hidden
     up_matrices = 2 if model.gated_mlp else 1
-    attention_gemm_s, attention_gemm_flops = gemm_s, gemm_flops
+    f = moe.expert_ffn_hidden
+    etp, _ = expert_parallel_degrees(layout)
+    tokens_per_expert = expert_routed_tokens(layout, tokens) * moe.top_k * layout.ep / moe.experts
+    local_experts = moe.experts / layout.ep
+    gemm_s = before.s
+    gemm_s += shape.gemm(tokens_per_expert, up_matrices * f / etp, h, count=local_experts)
+    gemm_s += shape.gemm(tokens_per_expert, h, f / etp, count=local_experts)
+    gemm_flops = before.flops + 2 * tokens * moe.top_k * (up_matrices + 1) * h * f / tp
     up_s = 0.0
-    if moe_layer and model.moe is not None:
-        moe = model.moe
-        f = moe.expert_ffn_hidden
-        # Experts split f over etp ranks; each rank computes the tokens it routes.
-        etp, _ = expert_parallel_degrees(layout)
-        tokens_per_expert = expert_routed_tokens(layout, tokens) * moe.top_k * layout.ep / moe.experts
-        local_experts = moe.experts / layout.ep
-        gemm_s += gemm_time_s(tokens_per_expert, up_matrices * f / etp, h, gemm_peak, calibration, precision,
-                              count=local_experts)
-        gemm_s += gemm_time_s(tokens_per_expert, h, f / etp, gemm_peak, calibration, precision,
-                              count=local_experts)
-        gemm_flops += 2 * tokens * moe.top_k * (up_matrices + 1) * h * f / tp
-        if moe.shared_experts:
-            fs = f * moe.shared_experts
-            up_s = gemm_time_s(tokens, up_matrices * fs / tp, h, gemm_peak, calibration, precision)
-            gemm_s += up_s
-            gemm_s += gemm_time_s(tokens, h, fs / tp, gemm_peak, calibration, precision)
-            gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
-        router_flops = 2 * tokens * h * moe.experts
-        gemm_s += router_flops / (attn_peak * calibration.gemm_fraction_16bit * 0.5)
-        gemm_flops += router_flops
-        ffn_width = moe.top_k * f + moe.shared_experts * f
-        # The experts' and router's matmuls alternate too; which land on the even counts depends on the
-        # implementation: half of their time (judgement).
-        alternate_s += (gemm_s - attention_gemm_s) / 2
-        alternate_flops += (gemm_flops - attention_gemm_flops) / 2
-    else:
-        f = model.ffn_hidden or 0
-        up_s = gemm_time_s(tokens, up_matrices * f / tp, h, gemm_peak, calibration, precision)
-        gemm_s += up_s + gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision)
-        gemm_flops += 2 * tokens * (up_matrices + 1) * h * f / tp
-        ffn_width = f
-        # counting on from out-proj (4th): gated up (5), gate (6), down (7) -> gate; plain up (5), down (6) -> down
-        alternate_s += (gemm_time_s(tokens, f / tp, h, gemm_peak, calibration, precision) if model.gated_mlp
-                        else gemm_time_s(tokens, h, f / tp, gemm_peak, calibration, precision))
-        alternate_flops += 2 * tokens * h * f / tp
+    if moe.shared_experts:
+        fs = f * moe.shared_experts
+        up_s = shape.gemm(tokens, up_matrices * fs / tp, h)
+        gemm_s += up_s
+        gemm_s += shape.gemm(tokens, h, fs / tp)
+        gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
+    router_flops = 2 * tokens * h * moe.experts
+    gemm_s += router_flops / (shape.attn_peak * shape.calibration.gemm_fraction_16bit
+                              * step_judgements().router_gemm_fraction.value)
+    gemm_flops += router_flops
+    # The experts' and router's matmuls alternate too; which land on the even counts depends on the
+    # implementation: half of their time (judgement).
+    return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=before.alternate_s + (gemm_s - before.s) / 2,
+                  alternate_flops=before.alternate_flops + (gemm_flops - before.flops) / 2, qkv_s=before.qkv_s,
+                  up_s=up_s, ffn_width=moe.top_k * f + moe.shared_experts * f)
 
-    attention_flops = tokens * attention_score_flops_per_token(model, seq_len, causal=True) / tp
-    if calibration.attention_kernel != "materialized":
-        # Fused attention: this rank's queries against the (causal) keys; CP splits queries and keys.
-        fraction = calibration.attention_fraction
-        if calibration.attention_kernel == "flash-v1":
-            fraction *= FLASH_V1_RELATIVE_SPEED
-        elif calibration.attention_kernel == "cudnn" and calibration.cudnn_attention_fraction is not None:
-            fraction = calibration.cudnn_attention_fraction
-        attention_s = attention_flops / (attn_peak * fraction * calibration.in_training_fraction)
-        attention_bwd_s = ATTENTION_BACKWARD_RATIO * attention_s
-    else:
-        attention_s, attention_bwd_s = _materialized_attention_s(model, layout, calibration, attn_peak,
-                                                                 gpu.hbm_bytes_per_s, seq_len=seq_len)
 
-    # Element-wise kernels: norms/residuals are sharded by tp only under sequence parallel.
+def _dense_mlp(shape: _LayerShape, before: _Gemms) -> _Gemms:
+    """The dense MLP (gated: up and gate, then down), added to the attention block's GEMMs."""
+    model, tokens, tp, h = shape.model, shape.tokens, shape.layout.tp, shape.model.hidden
+    up_matrices = 2 if model.gated_mlp else 1
+    f = model.ffn_hidden or 0
+    up_s = shape.gemm(tokens, up_matrices * f / tp, h)
+    # counting on from out-proj (4th): gated up (5), gate (6), down (7) -> gate; plain up (5), down (6) -> down
+    alternate = shape.gemm(tokens, f / tp, h) if model.gated_mlp else shape.gemm(tokens, h, f / tp)
+    return _Gemms(s=before.s + (up_s + shape.gemm(tokens, h, f / tp)),
+                  flops=before.flops + 2 * tokens * (up_matrices + 1) * h * f / tp,
+                  alternate_s=before.alternate_s + alternate,
+                  alternate_flops=before.alternate_flops + 2 * tokens * h * f / tp, qkv_s=before.qkv_s, up_s=up_s,
+                  ffn_width=f)
+
+
+def _attention_core(shape: _LayerShape, hbm_bytes_per_s: float) -> _AttentionCore:
+    """Fused attention: this rank's queries against the (causal) keys (CP splits queries and keys), at the
+    calibrated kernel's fraction; materialized attention: s×s scores through HBM."""
+    calibration, model, layout = shape.calibration, shape.model, shape.layout
+    flops = shape.tokens * attention_score_flops_per_token(model, shape.seq_len, causal=True) / layout.tp
+    if calibration.attention_kernel == "materialized":
+        fwd_s, bwd_s = _materialized_attention_s(model, layout, calibration, shape.attn_peak, hbm_bytes_per_s,
+                                                 seq_len=shape.seq_len)
+        return _AttentionCore(fwd_s, bwd_s, flops)
+    fraction = calibration.attention_fraction
+    if calibration.attention_kernel == "flash-v1":
+        fraction *= FLASH_V1_RELATIVE_SPEED
+    elif calibration.attention_kernel == "cudnn" and calibration.cudnn_attention_fraction is not None:
+        fraction = calibration.cudnn_attention_fraction
+    fwd_s = flops / (shape.attn_peak * fraction * calibration.in_training_fraction)
+    return _AttentionCore(fwd_s, ATTENTION_BACKWARD_RATIO * fwd_s, flops)
+
+
+def _elementwise_elements(shape: _LayerShape, ffn_width: float, moe: bool, fused_elementwise: bool) -> float:
+    """bf16 elements the memory-bound kernels move in the forward pass: norms/residuals (sharded by tp only under
+    sequence parallel), the MLP activation, MoE permutes, eager PyTorch's extra passes and fp8 input casts."""
+    model, layout, tokens, tp, h = shape.model, shape.layout, shape.tokens, shape.layout.tp, shape.model.hidden
     hidden_share = h / tp if layout.sequence_parallel else h
     ffn_passes = ELEMENTWISE_FFN_PASSES_GATED if model.gated_mlp else ELEMENTWISE_FFN_PASSES_PLAIN
     elements = tokens * (ELEMENTWISE_HIDDEN_PASSES * hidden_share + ffn_passes * ffn_width / tp)
-    if moe_layer and model.moe is not None:
+    if moe and model.moe is not None:
         elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
     if not fused_elementwise:
         elements += tokens * _eager_extra_elements_per_token(model, hidden_share, ffn_width / tp, tp)
-    if precision in ("fp8", "fp4"):
-        q_width = model.heads * model.head_dim_
-        # per token; routed experts take each of a token's top_k copies (plus the shared experts' one) at
-        # their own width f/etp
-        mlp_up_inputs: float = h
-        mlp_down_inputs = ffn_width / tp
-        if moe_layer and model.moe is not None:
-            routed_copies = expert_routed_tokens(layout, tokens) / tokens * model.moe.top_k
-            mlp_up_inputs = (routed_copies + (1 if model.moe.shared_experts else 0)) * h
-            mlp_down_inputs = (routed_copies * model.moe.expert_ffn_hidden / expert_parallel_degrees(layout)[0]
-                               + model.moe.shared_experts * model.moe.expert_ffn_hidden / tp)
-        gemm_inputs = h + q_width / tp + mlp_up_inputs + mlp_down_inputs  # QKV, out-proj, MLP up, MLP down
-        elements += tokens * FP8_CAST_ELEMENT_EQUIVALENTS * gemm_inputs
-    elementwise_s = elements * ACTIVATION_BYTES / (gpu.hbm_bytes_per_s * calibration.hbm_fraction)
+    if shape.precision in ("fp8", "fp4"):
+        elements += tokens * FP8_CAST_ELEMENT_EQUIVALENTS * _gemm_inputs_per_token(shape, ffn_width, moe)
+    return elements
 
-    return LayerCompute(
-        gemm_fwd_s=gemm_s,
-        attention_fwd_s=attention_s,
-        attention_bwd_s=attention_bwd_s,
-        elementwise_fwd_s=elementwise_s,
-        gemm_flops_fwd=gemm_flops,
-        attention_flops_fwd=attention_flops,
-        alternate_matmul_fwd_s=alternate_s,
-        alternate_matmul_flops_fwd=alternate_flops,
-        qkv_gemm_fwd_s=qkv_s,
-        mlp_up_gemm_fwd_s=up_s,
-    )
+
+def _gemm_inputs_per_token(shape: _LayerShape, ffn_width: float, moe: bool) -> float:
+    """Input elements per token of the GEMMs an fp8 recipe casts: QKV, out-proj, MLP up, MLP down. Routed experts
+    take each of a token's top_k copies (plus the shared experts' one) at their own width f/etp."""
+    model, layout, tokens, tp, h = shape.model, shape.layout, shape.tokens, shape.layout.tp, shape.model.hidden
+    q_width = model.heads * model.head_dim_
+    mlp_up_inputs: float = h
+    mlp_down_inputs = ffn_width / tp
+    if moe and model.moe is not None:
+        routed_copies = expert_routed_tokens(layout, tokens) / tokens * model.moe.top_k
+        mlp_up_inputs = (routed_copies + (1 if model.moe.shared_experts else 0)) * h
+        mlp_down_inputs = (routed_copies * model.moe.expert_ffn_hidden / expert_parallel_degrees(layout)[0]
+                           + model.moe.shared_experts * model.moe.expert_ffn_hidden / tp)
+    return h + q_width / tp + mlp_up_inputs + mlp_down_inputs
 
 
 def _materialized_attention_s(model: ModelSpec, layout: Layout, calibration: CalibrationProfile, peak: float,

@@ -25,7 +25,14 @@ from gpufleet.catalog.registry import Catalog
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step
-from gpufleet.planner.runs import PublishedRun, run_calibration, run_cluster, run_job, run_stack, run_step_options
+from gpufleet.planner.published_runs import (
+    PublishedRun,
+    run_calibration,
+    run_cluster,
+    run_job,
+    run_stack,
+    run_step_options,
+)
 from gpufleet.planner.validate import RunPrediction, predict_run
 from gpufleet.workload.job import Job
 

@@ -14,12 +14,12 @@ from typing import Literal
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
-from gpufleet.economics.run import RunEconomics, run_economics
+from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
-from gpufleet.planner.runs import stack_calibration
+from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params

@@ -17,13 +17,12 @@ group's ordering is scatter that no smooth dependence on micro-batch size reprod
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
-from gpufleet.planner.runs import PublishedRun
+from gpufleet.planner.published_runs import PublishedRun
 from gpufleet.planner.validate import RunPrediction
 
 MIN_GROUP = 4
@@ -84,7 +83,70 @@ def group_key(run: PublishedRun) -> str:
     return f"{run.model.name} / {run.hardware.gpu} x {run.hardware.num_gpus}"
 
 
-def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class GroupScore:
+    """How well the planner ranks one group's layouts (module docstring: each figure)."""
+
+    group: str
+    runs: int
+    spearman: float
+    measured_best: str  # run id
+    measured_best_layout: str
+    pick: str  # run id of the planner's fastest prediction
+    pick_layout: str
+    regret: float  # measured step time of the pick / measured best - 1
+    top3_overlap: float
+    median_abs_error: float
+    smooth_model_ceiling: float
+    smooth_model_regret: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class SmallGroup:
+    """A group with fewer than MIN_GROUP predicted runs: listed, not scored."""
+
+    group: str
+    runs: int
+
+
+@dataclass(frozen=True)
+class GroupRanking:
+    """Ranking quality per group of same-model, same-GPU, same-count runs, and the groups too small to score."""
+
+    groups: tuple[GroupScore, ...]
+    skipped_groups: tuple[SmallGroup, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `--json` form: {"groups": [...], "skipped_groups": [{"group", "runs"}]}."""
+        return {"groups": [row.as_dict() for row in self.groups],
+                "skipped_groups": [{"group": g.group, "runs": g.runs} for g in self.skipped_groups]}
+
+
+def _score(key: str, members: list[tuple[PublishedRun, RunPrediction]]) -> GroupScore:
+    measured = [run.target.tokens_per_s_per_gpu for run, _ in members]
+    predicted = [p.predicted_tokens_per_s_per_gpu or 0.0 for _, p in members]
+    best_measured = max(range(len(members)), key=lambda i: measured[i])
+    pick = max(range(len(members)), key=lambda i: predicted[i])
+    top_measured = set(sorted(range(len(members)), key=lambda i: -measured[i])[:3])
+    top_predicted = set(sorted(range(len(members)), key=lambda i: -predicted[i])[:3])
+    errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
+    smooth = smooth_model_fit([run for run, _ in members])
+    return GroupScore(
+        group=key, runs=len(members), spearman=spearman(predicted, measured),
+        measured_best=members[best_measured][0].id, measured_best_layout=_layout_text(members[best_measured][1]),
+        pick=members[pick][0].id, pick_layout=_layout_text(members[pick][1]),
+        # Same global batch and sequence within a group: step time is inversely proportional to tokens/s.
+        regret=measured[best_measured] / measured[pick] - 1,
+        top3_overlap=len(top_measured & top_predicted) / 3, median_abs_error=statistics.median(errors),
+        smooth_model_ceiling=spearman(smooth, measured),
+        smooth_model_regret=measured[best_measured] / measured[int(np.argmax(smooth))] - 1,
+    )
+
+
+def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> GroupRanking:
     """Ranking quality per group of same-model, same-GPU, same-count runs; small groups are listed."""
     by_id = {p.id: p for p in predictions}
     groups: dict[str, list[tuple[PublishedRun, RunPrediction]]] = {}
@@ -93,56 +155,10 @@ def rank_groups(runs: list[PublishedRun], predictions: list[RunPrediction]) -> d
         if prediction.predicted_tokens_per_s_per_gpu is None:
             continue
         groups.setdefault(group_key(run), []).append((run, prediction))
-    scored: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
-    for key, members in groups.items():
-        if len(members) < MIN_GROUP:
-            skipped.append({"group": key, "runs": len(members)})
-            continue
-        measured = [run.target.tokens_per_s_per_gpu for run, _ in members]
-        predicted = [p.predicted_tokens_per_s_per_gpu or 0.0 for _, p in members]
-        best_measured = max(range(len(members)), key=lambda i: measured[i])
-        pick = max(range(len(members)), key=lambda i: predicted[i])
-        # Same global batch and sequence within a group: step time is inversely proportional to tokens/s.
-        regret = measured[best_measured] / measured[pick] - 1
-        top_measured = set(sorted(range(len(members)), key=lambda i: -measured[i])[:3])
-        top_predicted = set(sorted(range(len(members)), key=lambda i: -predicted[i])[:3])
-        errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
-        smooth = smooth_model_fit([run for run, _ in members])
-        scored.append({
-            "group": key,
-            "runs": len(members),
-            "spearman": spearman(predicted, measured),
-            "measured_best": members[best_measured][0].id,
-            "measured_best_layout": _layout_text(members[best_measured][1]),
-            "pick": members[pick][0].id,
-            "pick_layout": _layout_text(members[pick][1]),
-            "regret": regret,
-            "top3_overlap": len(top_measured & top_predicted) / 3,
-            "median_abs_error": statistics.median(errors),
-            "smooth_model_ceiling": spearman(smooth, measured),
-            "smooth_model_regret": measured[best_measured] / measured[int(np.argmax(smooth))] - 1,
-        })
-    return {"groups": scored, "skipped_groups": skipped}
+    return GroupRanking(tuple(_score(key, members) for key, members in groups.items() if len(members) >= MIN_GROUP),
+                        tuple(SmallGroup(key, len(members)) for key, members in groups.items()
+                              if len(members) < MIN_GROUP))
 
 
 def _layout_text(prediction: RunPrediction) -> str:
     return prediction.layout.short() if prediction.layout else prediction.id
-
-
-def render_ranking(console: Console, ranking: dict[str, Any]) -> None:
-    table = Table(title="layout ranking per group (same model, GPU and count)", title_justify="left")
-    for column in ("group", "runs", "Spearman", "ceiling", "regret", "top-3", "median |err|", "measured best",
-                   "pick"):
-        table.add_column(column)
-    for row in ranking["groups"]:
-        table.add_row(row["group"], str(row["runs"]), f"{row['spearman']:.2f}", f"{row['smooth_model_ceiling']:.2f}",
-                      f"{row['regret']:.1%}",
-                      f"{row['top3_overlap']:.0%}", f"{row['median_abs_error']:.1%}", row["measured_best_layout"],
-                      row["pick_layout"])
-    console.print(table)
-    console.print("ceiling: the Spearman of a reference model smooth in micro-batch size that is told each (tp, pp, "
-                  "cp, ep, vpp) sub-group's work and per-micro-batch cost, fitted to the measurements themselves")
-    if ranking["skipped_groups"]:
-        console.print("groups with fewer than 4 runs (not scored): " + ", ".join(
-            f"{g['group']} ({g['runs']})" for g in ranking["skipped_groups"]))

@@ -60,6 +60,14 @@ class Candidate:
     step: StepEstimate
 
 
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    """Why a layout was refused: "memory" (with the bytes over HBM), "host memory" or "invalid: <constraint>"."""
+
+    reason: str
+    over_bytes: float = 0.0
+
+
 @dataclass
 class SearchResult:
     """Ranked feasible layouts plus the counts of what was tried and why the rest failed."""
@@ -158,28 +166,28 @@ def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: i
 
 
 def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
-             options: StepOptions | None = None) -> Candidate | tuple[str, float]:
-    """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit."""
+             options: StepOptions | None = None) -> Candidate | Infeasible:
+    """A Candidate, or why not (with the bytes over HBM) when the layout is invalid or does not fit."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
-        return f"invalid: {error.constraint}", 0.0
+        return Infeasible(f"invalid: {error.constraint}")
     assumptions = (options or StepOptions()).memory
     stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
                                       precision=job.precision, assumptions=assumptions)
     if memory.total_bytes > cluster.gpu.hbm_bytes:
-        return "memory", memory.total_bytes - cluster.gpu.hbm_bytes
+        return Infeasible("memory", memory.total_bytes - cluster.gpu.hbm_bytes)
     if not host_memory_fits(memory.host_bytes, cluster.node, cluster.gpus_per_node):
-        return "host memory", 0.0
+        return Infeasible("host memory")
     return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
 
 
 def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
                    variant: Callable[[int], Layout],
-                   most: int) -> Candidate | tuple[str, float] | None:
+                   most: int) -> Candidate | Infeasible | None:
     """`variant(k)` for the smallest k in 1..most that fits. Memory falls as k grows (block recompute keeps only
     the inputs of k more layers, offload moves k more layers to the host), so bisect on the memory model alone and
-    estimate the step once. None when even `most` does not fit HBM; (reason, bytes over) when the smallest k that
+    estimate the step once. None when even `most` does not fit HBM; Infeasible when the smallest k that
     does is refused for another reason (its offloaded tensors do not fit in the node's RAM)."""
     cap = cluster.gpu.hbm_bytes
 
@@ -206,11 +214,11 @@ def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, 
 
 
 def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: CalibrationProfile,
-                      options: StepOptions, offload: bool = True) -> list[Candidate | tuple[str, float]]:
+                      options: StepOptions, offload: bool = True) -> list[Candidate | Infeasible]:
     """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
     fewest layers per pipeline chunk (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link
     is known, CPU offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
-    found: list[Candidate | tuple[str, float]] = []
+    found: list[Candidate | Infeasible] = []
     chunk = layers_per_chunk(job.model.layers, full.layout)
     block = _fewest_layers(job, cluster, calibration, options,
                            lambda k: full.layout.with_(recompute_layers=k), chunk - 1)
@@ -260,7 +268,7 @@ def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[C
                 feasible.append(variant)
                 insort(ranked, variant.step.step_s)
             else:
-                reasons[variant[0]] += 1
+                reasons[variant.reason] += 1
     return added
 
 
@@ -292,10 +300,9 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
             if try_cheaper and layout.recompute == "full" and _without_recompute(layout) in unfit_without_recompute:
                 full_only.append(outcome)
         else:
-            reason, over = outcome
-            reasons[reason] += 1
-            if reason == "memory":
-                misses.append((layout, over))
+            reasons[outcome.reason] += 1
+            if outcome.reason == "memory":
+                misses.append((layout, outcome.over_bytes))
                 if try_cheaper and layout.recompute == "none":
                     unfit_without_recompute.add(layout)
         if progress is not None and tried % 256 == 0:

@@ -14,7 +14,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
-from gpufleet.planner.runs import (
+from gpufleet.planner.published_runs import (
     PublishedRun,
     pinned_layout_problem,
     run_calibration,
@@ -24,7 +24,7 @@ from gpufleet.planner.runs import (
     run_step_options,
     stack_search_space,
 )
-from gpufleet.planner.search import Candidate, SearchSpace, evaluate, search
+from gpufleet.planner.search import Infeasible, SearchSpace, evaluate, search
 from gpufleet.workload.job import Job
 
 _FILLABLE = ("cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
@@ -117,13 +117,13 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
             layout = Layout(**dict(fixed.items()))
             validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)  # says what is wrong
             outcome = evaluate(job, layout, cluster, calibration, options)
-            if not isinstance(outcome, Candidate):
-                reason, over = outcome
-                if reason != "memory":
-                    result.status, result.reason = "skipped", reason
+            if isinstance(outcome, Infeasible):
+                if outcome.reason != "memory":
+                    result.status, result.reason = "skipped", outcome.reason
                     return result
                 result.memory_rejected = True
-                result.reason = f"memory model rejects the published layout: {over / 2**30:.1f} GiB over HBM"
+                result.reason = (f"memory model rejects the published layout: {outcome.over_bytes / 2**30:.1f} GiB "
+                                 "over HBM")
                 return _predict_despite_memory(result, job, layout, cluster, calibration, options)
             candidate = outcome
         else:
@@ -177,23 +177,59 @@ def _predict_despite_memory(result: RunPrediction, job: Job, layout: Layout, clu
     return result
 
 
-def summarize(predictions: list[RunPrediction]) -> dict[str, Any]:
+#: the groups a Summary scores: every predicted run, each quality of measurement, and the two better ones together
+SUMMARY_GROUPS = ("all", "high", "medium", "low", "high+medium")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStats:
+    """Median and worst |error| of tokens/s per GPU over a group of predicted runs (None: no run in it)."""
+
+    runs: int
+    median_abs_error: float | None = None
+    worst_abs_error: float | None = None
+    worst_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "median_abs_error": self.median_abs_error,
+                "worst_abs_error": self.worst_abs_error, "worst_id": self.worst_id}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Validate's scores: error statistics per group (SUMMARY_GROUPS), the runs skipped, and the published layouts
+    the memory model rejects (predicted anyway, counted in the statistics)."""
+
+    groups: dict[str, ErrorStats]
+    skipped: tuple[str, ...] = ()
+    memory_rejected: tuple[str, ...] = ()
+
+    @property
+    def all(self) -> ErrorStats:
+        return self.groups["all"]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `--json` form: one key per group, then "skipped" and "memory_rejected" ({"runs", "ids"})."""
+        return {**{group: self.groups[group].as_dict() for group in SUMMARY_GROUPS},
+                "skipped": list(self.skipped),
+                "memory_rejected": {"runs": len(self.memory_rejected), "ids": list(self.memory_rejected)}}
+
+
+def error_stats(rows: list[RunPrediction]) -> ErrorStats:
+    """Median and worst |error| over the rows that were predicted."""
+    errors = [abs(r.error) for r in rows if r.error is not None]
+    if not errors:
+        return ErrorStats(0)
+    worst = max((r for r in rows if r.error is not None), key=lambda r: abs(r.error or 0))
+    return ErrorStats(len(errors), statistics.median(errors), max(errors), worst.id)
+
+
+def summarize(predictions: list[RunPrediction]) -> Summary:
     """Median |error| and worst per quality level and over all runs that were predicted."""
-
-    def stats(rows: list[RunPrediction]) -> dict[str, Any]:
-        errors = [abs(r.error) for r in rows if r.error is not None]
-        if not errors:
-            return {"runs": 0, "median_abs_error": None, "worst_abs_error": None, "worst_id": None}
-        worst = max((r for r in rows if r.error is not None), key=lambda r: abs(r.error or 0))
-        return {"runs": len(errors), "median_abs_error": statistics.median(errors),
-                "worst_abs_error": max(errors), "worst_id": worst.id}
-
     ok = [p for p in predictions if p.status == "ok"]
-    summary: dict[str, Any] = {"all": stats(ok)}
+    groups = {"all": error_stats(ok)}
     for quality in ("high", "medium", "low"):
-        summary[quality] = stats([p for p in ok if p.quality == quality])
-    summary["high+medium"] = stats([p for p in ok if p.quality in ("high", "medium")])
-    summary["skipped"] = [p.id for p in predictions if p.status == "skipped"]
-    rejected = [p.id for p in ok if p.memory_rejected]
-    summary["memory_rejected"] = {"runs": len(rejected), "ids": rejected}
-    return summary
+        groups[quality] = error_stats([p for p in ok if p.quality == quality])
+    groups["high+medium"] = error_stats([p for p in ok if p.quality in ("high", "medium")])
+    return Summary(groups, tuple(p.id for p in predictions if p.status == "skipped"),
+                   tuple(p.id for p in ok if p.memory_rejected))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.errors import InputError
-from gpufleet.reliability.checkpoint import daly_interval_s, write_time_s, young_interval_s
+from gpufleet.reliability.checkpoint_interval import daly_interval_s, write_time_s, young_interval_s
 from gpufleet.reliability.failures import FailureModel
 from gpufleet.reliability.goodput import goodput, wall_time_s
 

@@ -41,7 +41,7 @@ def goodput(*, interval_s: float, write_s: float, restart_s: float, mtti_s: floa
 def progress_interval_range_s(*, write_s: float, restart_s: float, mtti_s: float) -> tuple[float, float] | None:
     """The checkpoint intervals (s) at which the job makes progress (goodput at least `_MIN_GOODPUT`, as
     `goodput` requires): a shortest and a longest around Daly's optimum. None when even the optimum does not."""
-    from gpufleet.reliability.checkpoint import daly_interval_s
+    from gpufleet.reliability.checkpoint_interval import daly_interval_s
 
     if not (write_s > 0 and restart_s >= 0 and mtti_s > 0):
         raise InputError("checkpoint write time and mean time to interruption must be positive, restart time "

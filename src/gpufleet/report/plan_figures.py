@@ -21,7 +21,7 @@ from gpufleet.catalog.records import NetworkSpec
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.cloud import billed_gpus, offers_for_gpu
 from gpufleet.economics.defaults import facility_defaults
-from gpufleet.economics.run import RunEconomics, run_economics
+from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.economics.tco import HOURS_PER_MONTH, onprem_tco
 from gpufleet.errors import GpufleetError
 from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory, stage_memory
@@ -35,7 +35,7 @@ from gpufleet.planner.plan import (
     build_job,
     request_node,
 )
-from gpufleet.planner.runs import stack_calibration
+from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.reliability.goodput import goodput
 from gpufleet.workload.params import count_params
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
-from typing import Any
 
-from gpufleet.planner.runs import PublishedRun
-from gpufleet.planner.validate import RunPrediction
+from gpufleet.planner.published_runs import PublishedRun
+from gpufleet.planner.validate import RunPrediction, Summary
 from gpufleet.report.html import page, table, write_report
 from gpufleet.report.svg import Axis, Series, bar_chart, figure, line_chart
 
@@ -28,7 +27,7 @@ def source_label(source: str) -> str:
     return re.split(r" \(|[,;]", source, maxsplit=1)[0].strip()[:48]
 
 
-def validate_report(runs: list[PublishedRun], predictions: list[RunPrediction], summary: dict[str, Any],
+def validate_report(runs: list[PublishedRun], predictions: list[RunPrediction], summary: Summary,
                     title: str) -> str:
     pairs = [(source_label(run.source), p) for run, p in zip(runs, predictions, strict=True)]
     predicted = [(source, p) for source, p in pairs if p.predicted_tokens_per_s_per_gpu]
@@ -40,13 +39,13 @@ def validate_report(runs: list[PublishedRun], predictions: list[RunPrediction], 
     return page(title, body)
 
 
-def _headline(predicted: list[tuple[str, RunPrediction]], summary: dict[str, Any]) -> str:
+def _headline(predicted: list[tuple[str, RunPrediction]], summary: Summary) -> str:
     inside = sum(1 for _, p in predicted if p.error is not None and abs(p.error) <= BAND)
-    median = summary["all"]["median_abs_error"]
+    median = summary.all.median_abs_error
     said = f"{len(predicted)} runs predicted from {len({s for s, _ in predicted})} sources"
     if median is not None:
         said += f"; median |error| {median:.1%}"
-    return html.escape(f"{said}; {inside} of {len(predicted)} within ±{BAND:.0%}; {len(summary['skipped'])} skipped.")
+    return html.escape(f"{said}; {inside} of {len(predicted)} within ±{BAND:.0%}; {len(summary.skipped)} skipped.")
 
 
 def _parity(predicted: list[tuple[str, RunPrediction]]) -> str:
@@ -68,24 +67,24 @@ def _parity(predicted: list[tuple[str, RunPrediction]]) -> str:
                   f"pessimistic; outside the dashed lines it misses by more than {BAND:.0%}.", "fig-parity")
 
 
-def _summary_chart(summary: dict[str, Any]) -> str:
-    rows = [(q, summary[q]) for q in QUALITIES if summary[q]["runs"]]
-    chart = bar_chart([f"{q} ({row['runs']} runs)" for q, row in rows],
-                      [Series("median |error|", tuple(row["median_abs_error"] * 100 for _, row in rows)),
-                       Series("worst |error|", tuple(row["worst_abs_error"] * 100 for _, row in rows))],
+def _summary_chart(summary: Summary) -> str:
+    rows = [(q, summary.groups[q]) for q in QUALITIES if summary.groups[q].runs]
+    chart = bar_chart([f"{q} ({row.runs} runs)" for q, row in rows],
+                      [Series("median |error|", tuple((row.median_abs_error or 0) * 100 for _, row in rows)),
+                       Series("worst |error|", tuple((row.worst_abs_error or 0) * 100 for _, row in rows))],
                       stacked=False, value_axis=Axis("|predicted / measured − 1| (%)"),
                       category_axis="quality of the measurement", title="Median and worst error by quality",
-                      desc="; ".join(f"{q}: median {row['median_abs_error']:.1%}, worst {row['worst_abs_error']:.1%} "
-                                     f"({row['worst_id']})" for q, row in rows))
+                      desc="; ".join(f"{q}: median {row.median_abs_error or 0:.1%}, worst "
+                                     f"{row.worst_abs_error or 0:.1%} ({row.worst_id})" for q, row in rows))
     return figure(chart, "The median is what to expect; the worst bar names the run to distrust most (table below).",
                   "fig-summary")
 
 
-def _summary_table(summary: dict[str, Any]) -> str:
-    rows = [[q, str(summary[q]["runs"]),
-             f"{summary[q]['median_abs_error']:.1%}" if summary[q]["median_abs_error"] is not None else "–",
-             f"{summary[q]['worst_abs_error']:.1%}" if summary[q]["worst_abs_error"] is not None else "–",
-             summary[q]["worst_id"] or "–"] for q in (*QUALITIES[:3], "high+medium", "all")]
+def _summary_table(summary: Summary) -> str:
+    rows = [[q, str(stats.runs),
+             f"{stats.median_abs_error:.1%}" if stats.median_abs_error is not None else "–",
+             f"{stats.worst_abs_error:.1%}" if stats.worst_abs_error is not None else "–",
+             stats.worst_id or "–"] for q in (*QUALITIES[:3], "high+medium", "all") for stats in (summary.groups[q],)]
     return table(["runs", "n", "median |error|", "worst |error|", "worst run"], rows, "lrrrl")
 
 
@@ -99,6 +98,6 @@ def _error_table(pairs: list[tuple[str, RunPrediction]]) -> str:
 
 
 def write_validate_report(path: Path, runs: list[PublishedRun], predictions: list[RunPrediction],
-                          summary: dict[str, Any], title: str = "gpufleet validate") -> None:
+                          summary: Summary, title: str = "gpufleet validate") -> None:
     write_report(path, validate_report(runs, predictions, summary, title))
 

@@ -25,7 +25,7 @@ from gpufleet.economics.defaults import facility_defaults, reliability_defaults
 from gpufleet.economics.facility import estimate_facility, nodes_for
 from gpufleet.economics.tco import onprem_tco
 from gpufleet.errors import GpufleetError, InputError
-from gpufleet.reliability.checkpoint import write_bandwidth_bytes_per_s
+from gpufleet.reliability.checkpoint_interval import write_bandwidth_bytes_per_s
 from gpufleet.reliability.estimate import estimate_reliability
 from gpufleet.reliability.failures import FailureModel
 

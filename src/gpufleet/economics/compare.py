@@ -1,0 +1,117 @@
+"""GPU-hours priced on every cloud offer for a GPU and on an owned cluster, with break-even against one offer
+(`gpufleet cost`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.catalog.economics_records import CloudOffer, FacilityDefaults
+from gpufleet.catalog.records import NetworkSpec, NodeSpec
+from gpufleet.catalog.registry import Catalog
+from gpufleet.economics.cloud import (
+    OfferCost,
+    SkippedOffer,
+    cost_of_gpu_hours,
+    offer,
+    offers_for_gpu,
+    reference_offer,
+    split_by_size,
+)
+from gpufleet.economics.tco import OnPremTco, onprem_tco
+from gpufleet.errors import CatalogError, InputError
+
+
+@dataclass(frozen=True)
+class CostRequest:
+    """What to price: GPU-hours of a GPU, the owned cluster to compare (node, size, facility) and the offers."""
+
+    gpu: str
+    gpu_hours: float
+    node: NodeSpec
+    gpus: int  # the owned cluster's size (and the cluster the offers must supply when `size_known`)
+    defaults: FacilityDefaults
+    network: NetworkSpec | None = None  # the owned cluster's scale-out network (None: the node's has none)
+    pricing: tuple[str, ...] = ()  # only these pricing models (empty: all)
+    against: str | None = None  # the offer for break-even (None: the GPU's reference on-demand offer)
+    size_known: bool = False  # the user gave the cluster size: skip offers that cannot supply it
+
+
+@dataclass(frozen=True)
+class CostComparison:
+    """Every offer's bill (cheapest first), the offers too small for the cluster, and the owned cluster's."""
+
+    request: CostRequest
+    costs: tuple[OfferCost, ...]
+    skipped: tuple[SkippedOffer, ...]
+    tco: OnPremTco
+    against: CloudOffer
+
+    @property
+    def utilization(self) -> float:
+        return self.request.defaults.fleet_utilization
+
+    @property
+    def onprem_usd_per_gpu_hour(self) -> float:
+        return self.tco.usd_per_gpu_hour(self.utilization)
+
+    @property
+    def breakeven_utilization(self) -> float | None:
+        return self.tco.breakeven_utilization(self.against.usd_per_gpu_hour)
+
+    @property
+    def breakeven_months(self) -> float | None:
+        return self.tco.breakeven_months(self.against.usd_per_gpu_hour, self.utilization)
+
+    def onprem_dict(self) -> dict[str, Any]:
+        """The owned cluster's figures as `cost --json` writes them ("onprem")."""
+        tco, u, rate = self.tco, self.utilization, self.onprem_usd_per_gpu_hour
+        return {
+            "gpus": self.request.gpus,
+            "node": self.request.node.id,
+            "utilization": u,
+            "amortization_years": self.request.defaults.amortization_years,
+            "usd_per_gpu_hour": rate,
+            "usd": rate * self.request.gpu_hours,
+            "capex_usd": tco.capex.total_usd,
+            "capex": {
+                "servers_usd": tco.capex.servers_usd,
+                "switches_usd": tco.capex.switches_usd,
+                "optics_usd": tco.capex.optics_usd,
+                "storage_usd": tco.capex.storage_usd,
+                "facility_usd": tco.capex.facility_usd,
+            },
+            "annual_usd": tco.annual_usd(u),
+            "opex_usd_per_month": tco.opex_usd_per_month(u),
+            "against_offer": self.against.id,
+            "against_usd_per_gpu_hour": self.against.usd_per_gpu_hour,
+            "breakeven_utilization": self.breakeven_utilization,
+            "breakeven_months": self.breakeven_months,
+        }
+
+
+def _offers(catalog: Catalog, gpu: str, pricing: Sequence[str]) -> list[CloudOffer]:
+    """The GPU's offers of the given pricing models; none is a catalog error naming what there is."""
+    offers = offers_for_gpu(catalog, gpu, pricing or None)
+    if not offers:
+        sold = sorted({o.pricing for o in offers_for_gpu(catalog, gpu)})
+        raise CatalogError(
+            f"no cloud offer for GPU {gpu!r}" + (f" with --pricing {', '.join(pricing)}" if pricing else "")
+            + (f"; its offers are {', '.join(sold)}" if sold and pricing else "")
+            + ("" if sold else "; add one under 'cloud_offers:' (--catalog FILE)")
+        )
+    return offers
+
+
+def compare_costs(catalog: Catalog, request: CostRequest) -> CostComparison:
+    """Price the GPU-hours on every offer (those that can supply the cluster, when its size is known) and on the
+    owned cluster, against the break-even offer."""
+    offers = _offers(catalog, request.gpu, request.pricing)
+    offers, skipped = split_by_size(offers, request.gpus) if request.size_known else (offers, [])
+    costs = sorted((cost_of_gpu_hours(o, request.gpu_hours) for o in offers), key=lambda c: (c.usd, c.name))
+    against = offer(catalog, request.against) if request.against else reference_offer(catalog, request.gpu)
+    if against.gpu != request.gpu:
+        raise InputError(f"--offer {against.id} rents {against.gpu}, not {request.gpu}")
+    tco = onprem_tco(catalog, request.node, request.gpus, request.defaults, request.network)
+    return CostComparison(request, tuple(costs), tuple(skipped), tco, against)

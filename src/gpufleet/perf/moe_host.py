@@ -1,0 +1,40 @@
+"""The host side of a MoE layer: the framework launches many small kernels per layer, and under dropless routing
+the GPU waits for it (token counts are copied to the host to size the all-to-all and the grouped GEMMs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.catalog.judgements import step_judgements
+from gpufleet.catalog.records import ModelSpec
+from gpufleet.parallel.layout import Layout
+from gpufleet.perf.step_context import StepContext
+
+
+@dataclass(frozen=True, slots=True)
+class MoeHost:
+    """Host seconds per MoE layer and micro-batch: all of it (`launch_s`) and what the GPU waits for."""
+
+    launch_s: float = 0.0
+    exposed_s: float = 0.0
+
+
+def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recomputed: float) -> float:
+    """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and, for the
+    `recomputed` share of layers, the forward again."""
+    if model.moe is None:
+        return 0.0
+    judged = step_judgements()  # kernels per MoE layer, counted from Megatron-Core's and TE's code paths
+    local_experts = model.moe.experts / layout.ep
+    forward = judged.moe_fixed_kernels_fwd.value + judged.moe_kernels_per_local_expert_fwd.value * local_experts
+    passes = 1.0 + judged.moe_backward_kernel_ratio.value + recomputed
+    return forward * passes * host_s_per_kernel
+
+
+def moe_host_launch(ctx: StepContext, device_moe_s: float) -> MoeHost:
+    """Dropless routing sizes the all-to-all and the grouped GEMMs from token counts copied to the host, so the
+    host cannot run ahead: it launches the layer's kernels while the GPU waits (serial). Token-drop routing has
+    fixed shapes and the host runs ahead; it only shows when it is slower than the GPU (`device_moe_s`)."""
+    launch = moe_host_s(ctx.model, ctx.layout, ctx.calibration.host_s_per_kernel, ctx.recomputed)
+    exposed = launch if ctx.options.moe_dropless else max(0.0, launch - device_moe_s)
+    return MoeHost(launch, exposed)

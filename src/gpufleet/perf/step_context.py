@@ -1,0 +1,84 @@
+"""What every part of a step needs to know: the job, layout, cluster, calibration and options, and the few
+quantities derived from them that all parts share (micro-batches, layers per stage, tokens per micro-batch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.records import ModelSpec
+from gpufleet.fabric.topology import Cluster
+from gpufleet.parallel.layout import Layout, micro_batches_per_step, recomputed_fraction
+from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute
+from gpufleet.workload.job import Job
+
+if TYPE_CHECKING:
+    from gpufleet.perf.step import StepOptions
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """One step's inputs and shared derived quantities (per GPU, per micro-batch)."""
+
+    job: Job
+    layout: Layout
+    cluster: Cluster
+    calibration: CalibrationProfile
+    options: StepOptions
+    micro_batches: int
+    stage_layers: int  # layers on the fullest pipeline stage
+    moe_from: int  # index of the first MoE layer (= layers for a dense model)
+    tokens_mb: float  # tokens one GPU processes per micro-batch
+    recomputed: float  # share of layers whose forward runs twice (full recompute of some blocks)
+
+    @classmethod
+    def of(cls, job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
+           options: StepOptions) -> StepContext:
+        model = job.model
+        stage_layers = math.ceil(model.layers / layout.pp)
+        return cls(job, layout, cluster, calibration, options,
+                   micro_batches=micro_batches_per_step(layout, job.global_batch), stage_layers=stage_layers,
+                   moe_from=model.layers if model.moe is None else model.moe.dense_layers,
+                   tokens_mb=layout.micro_batch * job.seq_len / layout.cp,
+                   recomputed=recomputed_fraction(layout, stage_layers))
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.job.model
+
+    @property
+    def act_bytes(self) -> float:
+        """Bytes of one micro-batch's hidden states on one GPU (what TP reduces and PP sends)."""
+        return self.tokens_mb * self.model.hidden * ACTIVATION_BYTES
+
+    def recompute_s(self, compute: LayerCompute) -> float:
+        """The layer's recompute time, averaged over the stage's layers (block recompute covers a share)."""
+        return (compute.recompute_s(self.layout.recompute, self.options.memory.selective_policy)
+                * (self.recomputed if self.layout.recompute == "full" else 1.0))
+
+    def recompute_flops(self, compute: LayerCompute) -> float:
+        """Tensor-core FLOPs of `recompute_s`."""
+        return compute.recompute_flops(self.layout.recompute, self.options.memory.selective_policy) * (
+            self.recomputed if self.layout.recompute == "full" else 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Layers:
+    """Compute of one dense and one MoE layer for one micro-batch (None: the model has no such layer)."""
+
+    dense: LayerCompute | None
+    moe: LayerCompute | None
+
+
+def _layer(ctx: StepContext, moe_layer: bool) -> LayerCompute:
+    return layer_compute(ctx.model, ctx.layout, ctx.cluster.gpu, ctx.calibration, seq_len=ctx.job.seq_len,
+                         precision=ctx.job.precision, moe_layer=moe_layer,
+                         fused_elementwise=ctx.options.fused_elementwise)
+
+
+def layer_computes(ctx: StepContext) -> Layers:
+    """The compute of the model's dense and MoE layers on this layout."""
+    return Layers(_layer(ctx, False) if ctx.moe_from > 0 else None,
+                  _layer(ctx, True) if ctx.moe_from < ctx.model.layers else None)
