@@ -245,6 +245,15 @@ def test_the_seeds_two_clusters_end_to_end() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_the_table_says_the_plan_is_over_sites() -> None:
+    """A reader of the table (not only of --explain) learns that the plans are over two sites, and the link."""
+    shown = gpufleet("plan", "-m", "llama3-8b", "-n", "64", "--sites", "2", "--wan-gbps", "100", "--wan-latency", "2ms")
+    assert shown.returncode == 0, shown.stderr
+    assert "over 2 sites of 32 GPUs, joined by 100 Gb/s at 2 ms one way" in shown.stdout
+    assert "sites" not in gpufleet("plan", "-m", "llama3-8b", "-n", "64").stdout.split("layouts tried")[0]
+
+
+@pytest.mark.timeout(120)
 def test_sites_1_prints_todays_plan() -> None:
     base = ["plan", "-m", "llama3-8b", "-n", "16", "--json"]
     today, one_site = gpufleet(*base), gpufleet(*base, "--sites", "1")
