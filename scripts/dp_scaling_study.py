@@ -24,7 +24,7 @@ from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.dp_scaling import GPU_SPEED_SIGMA
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import CLOSE_ERROR, cross_validate, fit_runs
-from gpufleet.planner.runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
 from gpufleet.planner.validate import RunPrediction, predict_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS
 from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.perf.wan import pp_across_sites, with_wan
 from gpufleet.planner.plan import PlanRequest, build_cluster, build_job
-from gpufleet.planner.runs import stack_calibration
+from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.planner.search import Candidate, evaluate, search
 from gpufleet.planner.sites import search_sites
 

@@ -18,7 +18,7 @@ from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.dp_scaling import GPU_SPEED_SIGMA, expected_max_normal, straggler_fraction, straggler_s
 from gpufleet.perf.step import StepOptions, estimate_step
-from gpufleet.planner.runs import load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import load_runs, shipped_runs_path
 from gpufleet.planner.validate import predict_run
 from gpufleet.workload.job import Job
 

@@ -313,10 +313,10 @@ def render_result(console: Console, result: PlanResult) -> None:
     note = framework_note(result.request)
     if note:
         console.print(note)
-    if result.request.sites > 1:
-        console.print(f"over {result.request.sites} sites of {cluster.gpus // result.request.sites} GPUs, joined by "
-                      f"{result.request.wan_gbps:g} Gb/s at {result.request.wan_latency_s * 1e3:g} ms one way "
-                      "(comm.wan in --explain; docs/two-sites.md)")
+    sites, wan_gbps, wan_latency_s = result.request.sites, result.request.wan_gbps, result.request.wan_latency_s
+    if sites > 1 and wan_gbps is not None and wan_latency_s is not None:
+        console.print(f"over {sites} sites of {cluster.gpus // sites} GPUs, joined by {wan_gbps:g} Gb/s at "
+                      f"{wan_latency_s * 1e3:g} ms one way (comm.wan in --explain; docs/two-sites.md)")
     reasons = ", ".join(f"{n} {r}" for r, n in result.search.infeasible.most_common())
     console.print(f"layouts tried {result.search.tried}: {len(result.search.feasible)} fit; "
                   f"rejected: {reasons or 'none'}")
