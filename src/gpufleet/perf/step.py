@@ -37,6 +37,8 @@ from gpufleet.perf.compute import (
     logits_compute_s,
 )
 from gpufleet.perf.dp_scaling import straggler_s
+from gpufleet.perf.fsdp_overheads import fsdp2_copy_s
+from gpufleet.perf.overlap_contention import COLLECTIVE_PARTS, contention_s
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
@@ -93,6 +95,12 @@ class StepOptions:
     #: what dp adds over one replica of tp*pp*cp GPUs
     straggler_sigma: float = 0.0
     straggler_scope: Literal["job", "replicas"] = "job"
+    #: FSDP2's all-gather copy-out and reduce-scatter copy-in on the compute stream (perf/fsdp_overheads.py); for
+    #: fully sharded layouts of stacks that run PyTorch's fully_shard; off: FSDP1, Megatron's buffers
+    fsdp2_copies: bool = False
+    #: compute that runs under a hidden collective runs this much slower (perf/overlap_contention.py:
+    #: OVERLAP_COMPUTE_SLOWDOWN is the measured 18.9 %); 0: hidden collectives are free
+    overlap_slowdown: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +506,12 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
     sync_s = straggler_s(pipeline_s, layout.gpus, options.straggler_sigma,  # perf/dp_scaling.py
                          layout.gpus // layout.dp if options.straggler_scope == "replicas" else 1)
-    step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s + sync_s
+    fsdp_copy_s = fsdp2_copy_s(params.dense + params.expert, m, param_bytes=ACTIVATION_BYTES,  # fsdp_overheads.py
+                               reduce_bytes=options.memory.reduced_grad_bytes(job.precision),
+                               regathered_in_backward=pp == 1, hbm_bytes_per_s=cluster.gpu.hbm_bytes_per_s,
+                               hbm_fraction=calibration.hbm_fraction) \
+        if options.fsdp2_copies and layout.sharding in ("zero3", "fsdp", "hsdp") else 0.0
+    step_s = pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s + sync_s + fsdp_copy_s
 
     # --- parts for --explain ------------------------------------------------------------------
     compute_parts = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, "recompute": 0.0}
@@ -552,12 +565,19 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         parts["comm.dp"] = Part(dp.exposed_s, dp.total_s - dp.exposed_s, dp.link)
     if sync_s:
         parts["sync.stragglers"] = Part(sync_s, 0.0, f"slowest of {layout.gpus} GPUs")
+    if fsdp_copy_s:
+        parts["fsdp.copies"] = Part(fsdp_copy_s, 0.0, "FSDP2 copy-out / reduce-scatter copy-in over HBM")
     parts["optimizer"] = Part(optimizer_s)
     parts["overhead"] = Part(options.step_overhead_s)
     imbalance = m * (slowest - mean_stage)
     if imbalance > 1e-9:
         parts["stage-imbalance"] = Part(imbalance)
 
+    contention = contention_s((parts[name].hidden_s for name in COLLECTIVE_PARTS if name in parts),
+                              options.overlap_slowdown)  # perf/overlap_contention.py
+    if contention:
+        step_s += contention
+        parts["compute.overlap-contention"] = Part(contention, 0.0, "compute slowed under hidden collectives")
     tokens_per_step = job.global_batch * seq
     return StepEstimate(
         step_s=step_s,
