@@ -89,6 +89,7 @@ class StackSettings(BaseModel):
     selective_policy: SourcedPolicy | None = None
     logits_bytes_per_element: SourcedFloat | None = None
     loss_bytes_per_logit: SourcedFloat | None = None
+    fsdp2_copies: SourcedBool | None = None
     # layout defaults (fill a run's null field)
     sharding: SourcedSharding | None = None
     sequence_parallel: SourcedBool | None = None
@@ -102,7 +103,7 @@ class StackSettings(BaseModel):
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
-                 "ep_dispatch", "loss_bytes_per_logit")
+                 "ep_dispatch", "loss_bytes_per_logit", "fsdp2_copies")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

@@ -22,6 +22,7 @@ from gpufleet.perf.comm_cost import chunked_s as _chunked_s
 from gpufleet.perf.comm_cost import overlap as _overlap
 from gpufleet.perf.compute import ACTIVATION_BYTES, CROSS_ENTROPY_BYTES_PER_LOGIT, logits_compute_s
 from gpufleet.perf.dp_scaling import straggler_s
+from gpufleet.perf.fsdp_overheads import fsdp2_copy_s
 from gpufleet.perf.layer_comm import (
     context_parallel_comm,
     expected_destinations,
@@ -30,6 +31,7 @@ from gpufleet.perf.layer_comm import (
 )
 from gpufleet.perf.moe_host import moe_host_launch
 from gpufleet.perf.offload import activation_offload
+from gpufleet.perf.overlap_contention import COLLECTIVE_PARTS, contention_s
 from gpufleet.perf.parts import Part, comm_parts, compute_parts, step_parts
 from gpufleet.perf.pipeline import device_layer_times, nic_share, pipeline_schedule
 from gpufleet.perf.step_context import StepContext, layer_computes
@@ -83,6 +85,12 @@ class StepOptions:
     #: what dp adds over one replica of tp*pp*cp GPUs
     straggler_sigma: float = 0.0
     straggler_scope: Literal["job", "replicas"] = "job"
+    #: FSDP2's all-gather copy-out and reduce-scatter copy-in on the compute stream (perf/fsdp_overheads.py); for
+    #: fully sharded layouts of stacks that run PyTorch's fully_shard; off: FSDP1, Megatron's buffers
+    fsdp2_copies: bool = False
+    #: compute that runs under a hidden collective runs this much slower (perf/overlap_contention.py:
+    #: OVERLAP_COMPUTE_SLOWDOWN is the measured 18.9 %); 0: hidden collectives are free
+    overlap_slowdown: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,25 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     return seconds
 
 
+def _stragglers_s(ctx: StepContext, pipeline_s: float) -> float:
+    """Waiting for the slowest GPU (perf/dp_scaling.py; off unless StepOptions.straggler_sigma > 0)."""
+    options, layout = ctx.options, ctx.layout
+    return straggler_s(pipeline_s, layout.gpus, options.straggler_sigma,
+                       layout.gpus // layout.dp if options.straggler_scope == "replicas" else 1)
+
+
+def _fsdp2_copies_s(ctx: StepContext, params: _StageParams) -> float:
+    """FSDP2's copies around its collectives on the compute stream (perf/fsdp_overheads.py), for fully sharded
+    layouts of stacks that run PyTorch's fully_shard (StepOptions.fsdp2_copies)."""
+    options, layout = ctx.options, ctx.layout
+    if not options.fsdp2_copies or layout.sharding not in ("zero3", "fsdp", "hsdp"):
+        return 0.0
+    return fsdp2_copy_s(params.dense + params.expert, ctx.micro_batches, param_bytes=ACTIVATION_BYTES,
+                        reduce_bytes=options.memory.reduced_grad_bytes(ctx.job.precision),
+                        regathered_in_backward=layout.pp == 1, hbm_bytes_per_s=ctx.cluster.gpu.hbm_bytes_per_s,
+                        hbm_fraction=ctx.calibration.hbm_fraction)
+
+
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
                   options: StepOptions | None = None) -> StepEstimate:
     """Estimate one optimizer step of `job` with `layout` on `cluster` (layout assumed valid).
@@ -249,19 +276,25 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                         - schedule.stage_nic_s[worst],
                         grad_wire_bytes=ctx.options.memory.reduced_grad_bytes(job.precision))
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
-    options = ctx.options
-    sync_s = straggler_s(schedule.pipeline_s, layout.gpus, options.straggler_sigma,  # perf/dp_scaling.py
-                         layout.gpus // layout.dp if options.straggler_scope == "replicas" else 1)
-    step_s = schedule.pipeline_s + dp.exposed_s + optimizer_s + options.step_overhead_s + sync_s
+    sync_s, fsdp_copy_s = _stragglers_s(ctx, schedule.pipeline_s), _fsdp2_copies_s(ctx, params)
+    step_s = schedule.pipeline_s + dp.exposed_s + optimizer_s + ctx.options.step_overhead_s + sync_s + fsdp_copy_s
 
     # --- the parts for --explain ----------------------------------------------------------------
     compute = compute_parts(ctx, layers, logits_flops)
     comm = comm_parts(ctx, tp, cp, ep, host, offload, schedule, dp)
     if sync_s:
         comm["sync.stragglers"] = Part(sync_s, 0.0, f"slowest of {layout.gpus} GPUs")
+    if fsdp_copy_s:
+        comm["fsdp.copies"] = Part(fsdp_copy_s, 0.0, "FSDP2 copy-out / reduce-scatter copy-in over HBM")
+    parts = step_parts(ctx, compute, logits_s, comm, optimizer_s, schedule)
+    contention = contention_s((parts[name].hidden_s for name in COLLECTIVE_PARTS if name in parts),
+                              ctx.options.overlap_slowdown)  # perf/overlap_contention.py
+    if contention:
+        step_s += contention
+        parts["compute.overlap-contention"] = Part(contention, 0.0, "compute slowed under hidden collectives")
     return StepEstimate(
         step_s=step_s,
-        parts=step_parts(ctx, compute, logits_s, comm, optimizer_s, schedule),
+        parts=parts,
         tokens_per_step=job.global_batch * job.seq_len,
         gpus=cluster.gpus,
         model_flops_per_token=flops_per_token(job.model, job.seq_len).training,
