@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from gpufleet.fabric.placement import GroupSpan
 from gpufleet.fabric.topology import Cluster
@@ -87,7 +87,7 @@ def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
         crossing = 1.0 - span.nodes_per_leaf / span.nodes
         return max(1.0, os * crossing)
     if not span.contiguous:  # the hops that leave the busiest leaf share a full leaf's uplinks
-        return max(1.0, os * span.crossing_nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
+        return max(1.0, os * span.crossing_nodes_per_leaf / cluster.nodes_per_leaf)
     return max(1.0, os / span.nodes_per_leaf)
 
 
@@ -107,12 +107,27 @@ def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
         return 1.0
     os = cluster.fabric.oversubscription
     if not span.contiguous:  # ranks alternate leaves: the tree edges that leave the busiest leaf share its uplinks
-        return max(1.0, os * span.tree_crossing_nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
+        return max(1.0, os * span.tree_crossing_nodes_per_leaf / cluster.nodes_per_leaf)
     return max(1.0, TREE_BOUNDARY_FLOWS * os / span.nodes_per_leaf)
+
+
+#: Most collective costs a cluster remembers (Cluster.collective_memo); past this the memo starts again.
+MEMO_ENTRIES = 1 << 16
 
 
 def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
     """Time for one `op` over `message_bytes` (the full buffer per rank) on group `span`."""
+    memo = cluster.collective_memo
+    key = (op, message_bytes, span)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        found = memo[key] = _collective_cost(op, message_bytes, span, cluster)
+    return cast(CollectiveCost, found)
+
+
+def _collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
     n = span.size
     if n <= 1 or message_bytes <= 0:
         return CollectiveCost(op, message_bytes, n, 0.0, math.inf, "none (group of one)")

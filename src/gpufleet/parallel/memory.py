@@ -233,6 +233,18 @@ class _StageParameters:
 _Parts = tuple[float, float, float, float, float, float, float]
 
 
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """What one layout's stages look up (JobMemory._shared)."""
+
+    params: dict[int, _StageParameters]  # by stage
+    activations: dict[int, tuple[float, float]]  # by stage: (on the GPU, offloaded to the host)
+    buffers: float  # activation-sized communication buffers (the same on every stage)
+    etp: int
+    edp: int
+    m: int  # micro-batches per step
+
+
 def _total(parts: _Parts) -> float:
     """MemoryBreakdown(*parts).total_bytes, summed in the same order."""
     return parts[0] + parts[1] + parts[2] + parts[3] + parts[4] + parts[5]
@@ -256,8 +268,8 @@ class JobMemory:
         self.precision = precision
         self.assumptions = assumptions
         self._c = _constants(model)
-        self._params: dict[tuple[object, ...], _StageParameters] = {}
-        self._activations: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._params: dict[tuple[object, ...], dict[int, _StageParameters]] = {}
+        self._activations: dict[tuple[object, ...], dict[int, tuple[float, float]]] = {}
         self._buffers: dict[tuple[object, ...], float] = {}
         self._layers: dict[tuple[object, ...], tuple[float, float]] = {}
         self._held: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -267,20 +279,64 @@ class JobMemory:
         """Bytes per GPU on pipeline rank `stage` (0-based). Does not validate the layout."""
         if not 0 <= stage < layout.pp:
             raise InputError(f"stage {stage} is outside 0..{layout.pp - 1}")
-        return MemoryBreakdown(*self._stage_parts(layout, stage))
+        return MemoryBreakdown(*self._stage_parts(self._shared(layout), layout, stage))
 
     def peak(self, layout: Layout) -> tuple[int, MemoryBreakdown]:
         """(stage, breakdown) of the stage that needs the most memory per GPU (the first such stage on a tie).
         Does not validate the layout (`peak_stage_memory` does)."""
+        shared = self._shared(layout)
         stages = self._candidate_stages(layout.pp, layout.vpp)
-        best_stage, best = stages[0], self._stage_parts(layout, stages[0])
+        best_stage, best = stages[0], self._stage_parts(shared, layout, stages[0])
         best_total = _total(best)
         for stage in stages[1:]:
-            parts = self._stage_parts(layout, stage)
+            parts = self._stage_parts(shared, layout, stage)
             total = _total(parts)
             if total > best_total:
                 best_stage, best_total, best = stage, total, parts
         return best_stage, MemoryBreakdown(*best)
+
+    def _shared(self, layout: Layout) -> _Shared:
+        """The tables of the parts this layout shares with others: parameters by stage (shared by every layout
+        with its degrees and sharding), activations by stage (by every layout with its micro-batch shape and
+        recompute), and the activation-sized buffers."""
+        tp, cp, pp, sp, mb = layout.tp, layout.cp, layout.pp, layout.sequence_parallel, layout.micro_batch
+        etp, edp = expert_parallel_degrees(layout)
+        m = micro_batches_per_step(layout, self.global_batch)
+        params_key = (tp, pp, layout.vpp, layout.ep, etp, edp, layout.dp, cp, layout.sharding, layout.hsdp_group,
+                      layout.offload_optimizer)
+        params = self._params.get(params_key)
+        if params is None:
+            params = self._params[params_key] = {}
+        activations_key = (tp, cp, sp, etp, mb, m, pp, layout.vpp, layout.recompute, layout.recompute_layers,
+                           layout.offload_activation_layers)
+        activations = self._activations.get(activations_key)
+        if activations is None:
+            activations = self._activations[activations_key] = {}
+        buffers_key = (tp, cp, sp, etp, mb, pp > 1, layout.ep > 1)
+        buffers = self._buffers.get(buffers_key)
+        if buffers is None:
+            buffers = self._buffers[buffers_key] = self._activation_buffers(layout)
+        return _Shared(params, activations, buffers, etp, edp, m)
+
+    def _stage_parts(self, shared: _Shared, layout: Layout, stage: int) -> _Parts:
+        """(weights, gradients, optimizer, activations, buffers, overhead, host) bytes of one stage."""
+        a = self.assumptions
+        params = shared.params.get(stage)
+        if params is None:
+            params = shared.params[stage] = self._stage_parameters(layout, stage, shared.etp, shared.edp)
+        found = shared.activations.get(stage)
+        if found is None:
+            found = shared.activations[stage] = self._stage_activations(layout, stage, shared.m)
+        activations, host_activations = found
+        buffers = shared.buffers
+        if params.bucket is not None:
+            buffers += params.bucket
+        if params.gathered is not None:
+            buffers += params.gathered
+        subtotal = params.weights + params.gradients + params.optimizer + activations + buffers
+        overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
+        return (params.weights, params.gradients, params.optimizer, activations, buffers, overhead,
+                params.host + host_activations)
 
     def _held_layers(self, pp: int, vpp: int, stage: int) -> tuple[int, int]:
         """(layers, dense layers) held by pipeline rank `stage`."""
@@ -310,36 +366,6 @@ class JobMemory:
                     candidates.add(stage)
             found = self._candidates[(pp, vpp)] = tuple(sorted(candidates))
         return found
-
-    def _stage_parts(self, layout: Layout, stage: int) -> _Parts:
-        """(weights, gradients, optimizer, activations, buffers, overhead, host) bytes of one stage."""
-        a = self.assumptions
-        tp, pp, vpp = layout.tp, layout.pp, layout.vpp
-        etp, edp = expert_parallel_degrees(layout)
-        params_key = (tp, pp, vpp, stage, layout.ep, etp, edp, layout.dp, layout.cp, layout.sharding,
-                      layout.hsdp_group, layout.offload_optimizer)
-        params = self._params.get(params_key)
-        if params is None:
-            params = self._params[params_key] = self._stage_parameters(layout, stage, etp, edp)
-        m = micro_batches_per_step(layout, self.global_batch)
-        activations_key = (tp, layout.cp, layout.sequence_parallel, etp, layout.micro_batch, m, pp, vpp, stage,
-                           layout.recompute, layout.recompute_layers, layout.offload_activation_layers)
-        found = self._activations.get(activations_key)
-        if found is None:
-            found = self._activations[activations_key] = self._stage_activations(layout, stage, m)
-        activations, host_activations = found
-        buffers_key = (tp, layout.cp, layout.sequence_parallel, etp, layout.micro_batch, pp > 1, layout.ep > 1)
-        buffers = self._buffers.get(buffers_key)
-        if buffers is None:
-            buffers = self._buffers[buffers_key] = self._activation_buffers(layout)
-        if params.bucket is not None:
-            buffers += params.bucket
-        if params.gathered is not None:
-            buffers += params.gathered
-        subtotal = params.weights + params.gradients + params.optimizer + activations + buffers
-        overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
-        return (params.weights, params.gradients, params.optimizer, activations, buffers, overhead,
-                params.host + host_activations)
 
     def _stage_parameters(self, layout: Layout, stage: int, etp: int, edp: int) -> _StageParameters:
         """Weights, gradients and optimizer state one GPU of the stage holds, and the ZeRO buffers they size."""

@@ -6,7 +6,8 @@ import math
 from bisect import insort
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from gpufleet.catalog.calibration import CalibrationProfile
@@ -175,16 +176,31 @@ class _Fit:
     memory: MemoryBreakdown
 
 
-def _memory_verdict(job: Job, layout: Layout, cluster: Cluster, memory: JobMemory) -> _Fit | tuple[str, float]:
+@dataclass(frozen=True, slots=True)
+class _Capacity:
+    """What a GPU's layout must fit in: its HBM, and its node's RAM (host_memory_fits) shared by the node's GPUs."""
+
+    hbm_bytes: float
+    host_bytes: float
+    gpus_per_node: int
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> _Capacity:
+        return cls(cluster.gpu.hbm_bytes, host_memory_bytes(cluster.node), cluster.gpus_per_node)
+
+
+def _memory_verdict(job: Job, layout: Layout, cluster: Cluster, memory: JobMemory,
+                    capacity: _Capacity) -> _Fit | tuple[str, float]:
     """_Fit, or (reason, bytes over HBM) when the layout is invalid or does not fit."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
         return f"invalid: {error.constraint}", 0.0
     stage, breakdown = memory.peak(layout)
-    if breakdown.total_bytes > cluster.gpu.hbm_bytes:
-        return "memory", breakdown.total_bytes - cluster.gpu.hbm_bytes
-    if not host_memory_fits(breakdown.host_bytes, cluster.node, cluster.gpus_per_node):
+    total = breakdown.total_bytes
+    if total > capacity.hbm_bytes:
+        return "memory", total - capacity.hbm_bytes
+    if breakdown.host_bytes * capacity.gpus_per_node > capacity.host_bytes:  # host_memory_fits
         return "host memory", 0.0
     return _Fit(layout, stage, breakdown)
 
@@ -205,7 +221,7 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     """A Candidate, or (reason, bytes over HBM) when the layout is invalid or does not fit."""
     options = options or StepOptions()
     step_options = options
-    return _estimated(_memory_verdict(job, layout, cluster, _job_memory(job, options)),
+    return _estimated(_memory_verdict(job, layout, cluster, _job_memory(job, options), _Capacity.of(cluster)),
                       lambda fitting: estimate_step(job, fitting, cluster, calibration, step_options))
 
 
@@ -218,6 +234,7 @@ class _Estimator:
         self.calibration = calibration
         self.options = options
         self.memory = _job_memory(job, options)
+        self.capacity = _Capacity.of(cluster)
         self.floor = StepFloor(job, cluster, calibration, options)
         self.compute_floor = ComputeFloor(job, cluster, calibration, options)
 
@@ -225,7 +242,7 @@ class _Estimator:
         return estimate_step(self.job, layout, self.cluster, self.calibration, self.options)
 
     def evaluate(self, layout: Layout) -> Candidate | tuple[str, float]:
-        return _estimated(_memory_verdict(self.job, layout, self.cluster, self.memory), self.step)
+        return _estimated(_memory_verdict(self.job, layout, self.cluster, self.memory, self.capacity), self.step)
 
 
 def _fewest_layers(estimator: _Estimator, variant: Callable[[int], Layout],
@@ -235,7 +252,6 @@ def _fewest_layers(estimator: _Estimator, variant: Callable[[int], Layout],
     estimate the step once. None when even `most` does not fit HBM; (reason, bytes over) when the smallest k that
     does is refused for another reason (its offloaded tensors do not fit in the node's RAM)."""
     job, cluster = estimator.job, estimator.cluster
-    cap = cluster.gpu.hbm_bytes
 
     def fits(count: int) -> bool:
         layout = variant(count)
@@ -243,7 +259,7 @@ def _fewest_layers(estimator: _Estimator, variant: Callable[[int], Layout],
             validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
         except LayoutError:
             return False
-        return estimator.memory.peak(layout)[1].total_bytes <= cap
+        return estimator.memory.peak(layout)[1].total_bytes <= estimator.capacity.hbm_bytes
 
     if most < 1 or not fits(most):
         return None
@@ -277,6 +293,11 @@ def _cheaper_variants(estimator: _Estimator, full: Layout, offload: bool = True)
 
 def _without_recompute(layout: Layout) -> Layout:
     return layout.with_(recompute="none", recompute_layers=None)
+
+
+#: Every field of a layout but its recompute choice: equal for a layout and its `_without_recompute` twin (a tuple
+#: built in C, where `_without_recompute` builds a whole Layout).
+_twin_key = attrgetter(*(f.name for f in fields(Layout) if f.name not in ("recompute", "recompute_layers")))
 
 
 #: Block-recompute and offload variants are only built where they could rank among this many of the fastest plans.
@@ -349,13 +370,13 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
             progress: Callable[[int], None] | None) -> _Screened:
     """Validate every layout and check its memory (the counts of a search are exact: every layout is checked)."""
     screened = _Screened()
-    unfit_without_recompute: set[Layout] = set()  # no-recompute layouts that did not fit
+    unfit_without_recompute: set[tuple[object, ...]] = set()  # no-recompute layouts that did not fit (_twin_key)
     for layout in layouts:
         screened.tried += 1
-        outcome = _memory_verdict(estimator.job, layout, estimator.cluster, estimator.memory)
+        outcome = _memory_verdict(estimator.job, layout, estimator.cluster, estimator.memory, estimator.capacity)
         if isinstance(outcome, _Fit):
             screened.fits.append(outcome)
-            if try_cheaper and layout.recompute == "full" and _without_recompute(layout) in unfit_without_recompute:
+            if try_cheaper and layout.recompute == "full" and _twin_key(layout) in unfit_without_recompute:
                 screened.full_only.append(layout)
         else:
             reason, over = outcome
@@ -363,7 +384,7 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
             if reason == "memory":
                 screened.misses.append((layout, over))
                 if try_cheaper and layout.recompute == "none":
-                    unfit_without_recompute.add(layout)
+                    unfit_without_recompute.add(_twin_key(layout))
         if progress is not None and screened.tried % 256 == 0:
             progress(screened.tried)
     return screened
