@@ -233,16 +233,9 @@ class _StageParameters:
 _Parts = tuple[float, float, float, float, float, float, float]
 
 
-@dataclass(frozen=True, slots=True)
-class _Shared:
-    """What one layout's stages look up (JobMemory._shared)."""
-
-    params: dict[int, _StageParameters]  # by stage
-    activations: dict[int, tuple[float, float]]  # by stage: (on the GPU, offloaded to the host)
-    buffers: float  # activation-sized communication buffers (the same on every stage)
-    etp: int
-    edp: int
-    m: int  # micro-batches per step
+#: What one layout's stages look up (JobMemory._shared): its parameter bytes by stage, its activation bytes (on the
+#: GPU, offloaded) by stage, its activation-sized buffers, etp, edp and micro-batches per step.
+_Shared = tuple[dict[int, _StageParameters], dict[int, tuple[float, float]], float, int, int, int]
 
 
 def _total(parts: _Parts) -> float:
@@ -269,8 +262,7 @@ class JobMemory:
         self.assumptions = assumptions
         self._c = _constants(model)
         self._params: dict[tuple[object, ...], dict[int, _StageParameters]] = {}
-        self._activations: dict[tuple[object, ...], dict[int, tuple[float, float]]] = {}
-        self._buffers: dict[tuple[object, ...], float] = {}
+        self._activations: dict[tuple[object, ...], tuple[dict[int, tuple[float, float]], float]] = {}
         self._layers: dict[tuple[object, ...], tuple[float, float]] = {}
         self._held: dict[tuple[int, int, int], tuple[int, int]] = {}
         self._candidates: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -297,8 +289,8 @@ class JobMemory:
 
     def _shared(self, layout: Layout) -> _Shared:
         """The tables of the parts this layout shares with others: parameters by stage (shared by every layout
-        with its degrees and sharding), activations by stage (by every layout with its micro-batch shape and
-        recompute), and the activation-sized buffers."""
+        with its degrees and sharding), activations by stage and the activation-sized buffers (by every layout
+        with its micro-batch shape and recompute)."""
         tp, cp, pp, sp, mb = layout.tp, layout.cp, layout.pp, layout.sequence_parallel, layout.micro_batch
         etp, edp = expert_parallel_degrees(layout)
         m = micro_batches_per_step(layout, self.global_batch)
@@ -308,27 +300,23 @@ class JobMemory:
         if params is None:
             params = self._params[params_key] = {}
         activations_key = (tp, cp, sp, etp, mb, m, pp, layout.vpp, layout.recompute, layout.recompute_layers,
-                           layout.offload_activation_layers)
+                           layout.offload_activation_layers, layout.ep > 1)
         activations = self._activations.get(activations_key)
         if activations is None:
-            activations = self._activations[activations_key] = {}
-        buffers_key = (tp, cp, sp, etp, mb, pp > 1, layout.ep > 1)
-        buffers = self._buffers.get(buffers_key)
-        if buffers is None:
-            buffers = self._buffers[buffers_key] = self._activation_buffers(layout)
-        return _Shared(params, activations, buffers, etp, edp, m)
+            activations = self._activations[activations_key] = ({}, self._activation_buffers(layout))
+        return params, activations[0], activations[1], etp, edp, m
 
     def _stage_parts(self, shared: _Shared, layout: Layout, stage: int) -> _Parts:
         """(weights, gradients, optimizer, activations, buffers, overhead, host) bytes of one stage."""
         a = self.assumptions
-        params = shared.params.get(stage)
+        by_stage, activations_by_stage, buffers, etp, edp, m = shared
+        params = by_stage.get(stage)
         if params is None:
-            params = shared.params[stage] = self._stage_parameters(layout, stage, shared.etp, shared.edp)
-        found = shared.activations.get(stage)
+            params = by_stage[stage] = self._stage_parameters(layout, stage, etp, edp)
+        found = activations_by_stage.get(stage)
         if found is None:
-            found = shared.activations[stage] = self._stage_activations(layout, stage, shared.m)
+            found = activations_by_stage[stage] = self._stage_activations(layout, stage, m)
         activations, host_activations = found
-        buffers = shared.buffers
         if params.bucket is not None:
             buffers += params.bucket
         if params.gathered is not None:

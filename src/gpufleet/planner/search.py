@@ -118,7 +118,14 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
         return [fixed[name]] if fixed.get(name) is not None else list(values)
 
     tps = options("tp", [t for t in divisors(n) if t <= max_tp and model.heads % t == 0])
+    shardings = options("sharding", space.shardings)
+    recomputes = options("recompute", space.recomputes)
     for tp in tps:
+        # Megatron-Core requires sequence parallelism for MoE with tp > 1
+        sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
+        if not space.sequence_parallel:
+            sps = [sp for sp in sps if not sp]
+        sps = options("sequence_parallel", sps)
         for cp in options("cp", [c for c in space.cps if job.seq_len % (2 * c) == 0 or c == 1]):
             for pp in options("pp", [p for p in divisors(n // tp) if p <= model.layers]):
                 if n % (tp * cp * pp):
@@ -134,19 +141,17 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
                 experts = [(ep, etp) for ep in options("ep", eps)
                            for etp in _expert_tps(space, fixed, model.moe is not None, tp, ep, dp * cp)]
+                vpps = options("vpp", [v for v in space.vpps
+                                       if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))])
+                mbs = {vpp: options("micro_batch", [b for b in space.micro_batches if per_replica % b == 0
+                                                    and (vpp == 1 or (per_replica // b) % pp == 0)])
+                       for vpp in vpps}
                 for ep, expert_tp in experts:
-                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))]
-                    for vpp in options("vpp", vpps):
-                        mbs = [b for b in space.micro_batches if per_replica % b == 0
-                               and (vpp == 1 or (per_replica // b) % pp == 0)]
-                        for mb in options("micro_batch", mbs):
-                            for sharding in options("sharding", space.shardings):
-                                for recompute in options("recompute", space.recomputes):
-                                    # Megatron-Core requires sequence parallelism for MoE with tp > 1
-                                    sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
-                                    if not space.sequence_parallel:
-                                        sps = [sp for sp in sps if not sp]
-                                    for sp in options("sequence_parallel", sps):
+                    for vpp in vpps:
+                        for mb in mbs[vpp]:
+                            for sharding in shardings:
+                                for recompute in recomputes:
+                                    for sp in sps:
                                         yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
                                                      sequence_parallel=sp, sharding=sharding,
                                                      micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
