@@ -230,7 +230,8 @@ class _StageParameters:
     gathered: float | None  # ZeRO-3, FSDP: the current and the prefetched layer all-gathered (None: none)
 
 
-_Parts = tuple[float, float, float, float, float, float, float]
+#: A MemoryBreakdown's fields in order (weights, gradients, optimizer, activations, buffers, overhead, host bytes)
+MemoryParts = tuple[float, float, float, float, float, float, float]
 
 
 #: What one layout's stages look up (JobMemory._shared): its parameter bytes by stage, its activation bytes (on the
@@ -238,7 +239,7 @@ _Parts = tuple[float, float, float, float, float, float, float]
 _Shared = tuple[dict[int, _StageParameters], dict[int, tuple[float, float]], float, int, int, int]
 
 
-def _total(parts: _Parts) -> float:
+def memory_parts_total(parts: MemoryParts) -> float:
     """MemoryBreakdown(*parts).total_bytes, summed in the same order."""
     return parts[0] + parts[1] + parts[2] + parts[3] + parts[4] + parts[5]
 
@@ -276,16 +277,22 @@ class JobMemory:
     def peak(self, layout: Layout) -> tuple[int, MemoryBreakdown]:
         """(stage, breakdown) of the stage that needs the most memory per GPU (the first such stage on a tie).
         Does not validate the layout (`peak_stage_memory` does)."""
+        stage, parts = self.peak_parts(layout)
+        return stage, MemoryBreakdown(*parts)
+
+    def peak_parts(self, layout: Layout) -> tuple[int, MemoryParts]:
+        """`peak` with the breakdown's fields as a tuple (a search builds the breakdown only for the layouts it
+        ranks); `memory_parts_total` is its `total_bytes`."""
         shared = self._shared(layout)
         stages = self._candidate_stages(layout.pp, layout.vpp)
         best_stage, best = stages[0], self._stage_parts(shared, layout, stages[0])
-        best_total = _total(best)
+        best_total = memory_parts_total(best)
         for stage in stages[1:]:
             parts = self._stage_parts(shared, layout, stage)
-            total = _total(parts)
+            total = memory_parts_total(parts)
             if total > best_total:
                 best_stage, best_total, best = stage, total, parts
-        return best_stage, MemoryBreakdown(*best)
+        return best_stage, best
 
     def _shared(self, layout: Layout) -> _Shared:
         """The tables of the parts this layout shares with others: parameters by stage (shared by every layout
@@ -306,7 +313,7 @@ class JobMemory:
             activations = self._activations[activations_key] = ({}, self._activation_buffers(layout))
         return params, activations[0], activations[1], etp, edp, m
 
-    def _stage_parts(self, shared: _Shared, layout: Layout, stage: int) -> _Parts:
+    def _stage_parts(self, shared: _Shared, layout: Layout, stage: int) -> MemoryParts:
         """(weights, gradients, optimizer, activations, buffers, overhead, host) bytes of one stage."""
         a = self.assumptions
         by_stage, activations_by_stage, buffers, etp, edp, m = shared

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import NodeSpec
@@ -23,7 +23,7 @@ from gpufleet.parallel.layout import (
     max_virtual_stages,
     validate_layout,
 )
-from gpufleet.parallel.memory import JobMemory, MemoryBreakdown
+from gpufleet.parallel.memory import JobMemory, MemoryBreakdown, MemoryParts, memory_parts_total
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.floors import ComputeFloor, StepFloor, rules_out
 from gpufleet.workload.job import Job
@@ -172,13 +172,15 @@ def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: i
     return host_bytes_per_gpu * gpus_per_node <= host_memory_bytes(node)
 
 
-@dataclass(frozen=True, slots=True)
-class _Fit:
-    """A layout that fits, its step not estimated yet."""
+class _Fit(NamedTuple):
+    """A layout that fits, its step not estimated yet (a tuple: a search holds tens of thousands)."""
 
     layout: Layout
     peak_stage: int
-    memory: MemoryBreakdown
+    parts: MemoryParts  # its peak stage's MemoryBreakdown fields
+
+    def candidate(self, step: StepEstimate) -> Candidate:
+        return Candidate(self.layout, self.peak_stage, MemoryBreakdown(*self.parts), step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,18 +203,18 @@ def _memory_verdict(job: Job, layout: Layout, cluster: Cluster, memory: JobMemor
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
         return f"invalid: {error.constraint}", 0.0
-    stage, breakdown = memory.peak(layout)
-    total = breakdown.total_bytes
+    stage, parts = memory.peak_parts(layout)
+    total = memory_parts_total(parts)
     if total > capacity.hbm_bytes:
         return "memory", total - capacity.hbm_bytes
-    if breakdown.host_bytes * capacity.gpus_per_node > capacity.host_bytes:  # host_memory_fits
+    if parts[6] * capacity.gpus_per_node > capacity.host_bytes:  # host_memory_fits of the host bytes
         return "host memory", 0.0
-    return _Fit(layout, stage, breakdown)
+    return _Fit(layout, stage, parts)
 
 
 def _estimated(fit: _Fit | tuple[str, float], step: Callable[[Layout], StepEstimate]) -> Candidate | tuple[str, float]:
     if isinstance(fit, _Fit):
-        return Candidate(fit.layout, fit.peak_stage, fit.memory, step(fit.layout))
+        return fit.candidate(step(fit.layout))
     return fit
 
 
@@ -264,7 +266,7 @@ def _fewest_layers(estimator: _Estimator, variant: Callable[[int], Layout],
             validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
         except LayoutError:
             return False
-        return estimator.memory.peak(layout)[1].total_bytes <= estimator.capacity.hbm_bytes
+        return memory_parts_total(estimator.memory.peak_parts(layout)[1]) <= estimator.capacity.hbm_bytes
 
     if most < 1 or not fits(most):
         return None
@@ -403,14 +405,14 @@ def _rank_fits(estimator: _Estimator, fits: list[_Fit], keep: int | None) -> _Ra
     ranking.fit = len(fits)
     if keep is None:
         for position, fit in enumerate(fits):
-            ranking.add(Candidate(fit.layout, fit.peak_stage, fit.memory, estimator.step(fit.layout)), position)
+            ranking.add(fit.candidate(estimator.step(fit.layout)), position)
         return ranking
     floors = sorted((estimator.floor(fit.layout), position) for position, fit in enumerate(fits))
     for floor_s, position in floors:
         if rules_out(floor_s, ranking.nth_fastest_s(keep)):
             break
         fit = fits[position]
-        ranking.add(Candidate(fit.layout, fit.peak_stage, fit.memory, estimator.step(fit.layout)), position)
+        ranking.add(fit.candidate(estimator.step(fit.layout)), position)
     return ranking
 
 
