@@ -70,9 +70,10 @@ def jobs(draw: st.DrawFn) -> tuple[Job, Cluster, StepOptions]:
 
 
 SMALL = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SEARCHES = settings(SMALL, max_examples=80)  # a search of a small job takes ~0.1 s
 
 
-@SMALL
+@SEARCHES
 @given(jobs(), st.sampled_from([1, 3, 10, 25]))
 def test_a_pruned_search_ranks_and_counts_what_the_exhaustive_one_does(drawn: tuple[Job, Cluster, StepOptions],
                                                                        keep: int) -> None:
@@ -192,7 +193,7 @@ def _reference_search(job: Job, cluster: Cluster, options: StepOptions,
     return [(c.layout, c.step.step_s) for c in feasible], tried, dict(reasons)
 
 
-@SMALL
+@SEARCHES
 @given(jobs(), st.sampled_from([1, 10, 20]))
 def test_the_search_answers_what_the_plain_search_it_replaced_answered(drawn: tuple[Job, Cluster, StepOptions],
                                                                       keep: int) -> None:
