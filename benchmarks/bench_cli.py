@@ -11,7 +11,8 @@ The targets are for warm runs. Python's bytecode is compiled by an uncounted fir
 temporary PYTHONPYCACHEPREFIX) and read by the counted ones, as for an installed package, even where the
 environment sets PYTHONDONTWRITEBYTECODE (this project's shared machines do: every import would then compile).
 
-Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_cli.py [--repeat N]
+Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_cli.py [--repeat N] [--only WORD]
+(--only plan: just the commands whose line contains WORD.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ CASES: tuple[tuple[tuple[str, ...], float], ...] = (
     (("--help",), 0.4),
     (("catalog", "show", "llama3-8b"), 0.4),
     (("plan", "-m", "llama3-405b", "-t", "15T", "-g", "h100-sxm", "-n", "16384"), 1.5),
+    (("plan", "-m", "deepseek-v3", "-n", "2048", "-g", "h800-sxm", "--precision", "fp8"), 3.0),
 )
 
 
@@ -80,18 +82,22 @@ def measure(args: tuple[str, ...], target_s: float, repeat: int, pycache: Path) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="warm runs per command (default 5)")
-    repeat = parser.parse_args().repeat
+    parser.add_argument("--only", default="", help="only the commands whose line contains this word")
+    arguments = parser.parse_args()
+    repeat = arguments.repeat
     print(f"load average before: {', '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} CPUs")
-    print(f"{'command':<62} {'cold':>6} {'warm median':>12} {'warm min':>9} {'target':>7}")
+    print(f"{'command':<78} {'cold':>6} {'warm median':>12} {'warm min':>9} {'target':>7}")
     failed = []
     pycache = Path(tempfile.mkdtemp(prefix="gpufleet-bench-pycache-"))
     for args, target_s in CASES:
+        if arguments.only not in " ".join(args):
+            continue
         found = measure(args, target_s, repeat, pycache)
         median = statistics.median(found.warm_s)
         verdict = "ok" if median <= target_s else "OVER"
         if verdict != "ok":
             failed.append(" ".join(args))
-        print(f"gpufleet {' '.join(args):<53} {found.cold_s:>5.2f}s {median:>11.2f}s {min(found.warm_s):>8.2f}s "
+        print(f"gpufleet {' '.join(args):<69} {found.cold_s:>5.2f}s {median:>11.2f}s {min(found.warm_s):>8.2f}s "
               f"{target_s:>6.1f}s {verdict}")
     shutil.rmtree(pycache, ignore_errors=True)
     print(f"load average after: {', '.join(f'{load:.1f}' for load in os.getloadavg())}")

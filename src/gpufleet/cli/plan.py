@@ -248,7 +248,7 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
                     "network": cluster.fabric.network.id, "topology": cluster.fabric.kind,
                     "oversubscription": cluster.fabric.oversubscription},
         "ranking": {"rank_by": result.request.rank_by, "fabric_model": result.request.fabric_model},
-        "search": {"tried": result.search.tried, "feasible": len(result.search.feasible),
+        "search": {"tried": result.search.tried, "feasible": result.search.fit,
                    "infeasible": dict(result.search.infeasible)},
         "framework": framework_to_dict(result.request),
         "plans": [plan_to_dict(p, result) for p in result.plans],
@@ -318,7 +318,7 @@ def render_result(console: Console, result: PlanResult) -> None:
         console.print(f"over {sites} sites of {cluster.gpus // sites} GPUs, joined by {wan_gbps:g} Gb/s at "
                       f"{wan_latency_s * 1e3:g} ms one way (comm.wan in --explain; docs/two-sites.md)")
     reasons = ", ".join(f"{n} {r}" for r, n in result.search.infeasible.most_common())
-    console.print(f"layouts tried {result.search.tried}: {len(result.search.feasible)} fit; "
+    console.print(f"layouts tried {result.search.tried}: {result.search.fit} fit; "
                   f"rejected: {reasons or 'none'}")
     table = Table(show_lines=False)
     for column in ("#", "layout", "mem/HBM", "step", "tok/s/GPU", "MFU", "goodput", "train time",

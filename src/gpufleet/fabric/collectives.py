@@ -34,9 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
-
-import numpy as np
+from typing import Literal, cast
 
 from gpufleet.fabric.placement import GroupSpan
 from gpufleet.fabric.topology import Cluster
@@ -98,7 +96,7 @@ def _cross_leaf_slowdown(cluster: Cluster, span: GroupSpan, op: Op) -> float:
         crossing = 1.0 - span.nodes_per_leaf / span.nodes
         return max(1.0, os * crossing)
     if not span.contiguous:  # the hops that leave the busiest leaf share a full leaf's uplinks
-        return max(1.0, os * span.crossing_nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
+        return max(1.0, os * span.crossing_nodes_per_leaf / cluster.nodes_per_leaf)
     return max(1.0, os / span.nodes_per_leaf)
 
 
@@ -118,13 +116,30 @@ def _tree_cross_leaf_slowdown(cluster: Cluster, span: GroupSpan) -> float:
         return 1.0
     os = cluster.fabric.oversubscription
     if not span.contiguous:  # ranks alternate leaves: the tree edges that leave the busiest leaf share its uplinks
-        return max(1.0, os * span.tree_crossing_nodes_per_leaf / cluster.fabric.nodes_under_leaf(cluster.node))
+        return max(1.0, os * span.tree_crossing_nodes_per_leaf / cluster.nodes_per_leaf)
     return max(1.0, TREE_BOUNDARY_FLOWS * os / span.nodes_per_leaf)
+
+
+#: Most collective costs a cluster remembers (Cluster.collective_memo); past this the memo starts again.
+MEMO_ENTRIES = 1 << 16
 
 
 def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
     """Time for one `op` over `message_bytes` (the full buffer per rank) on group `span`: the α–β model, scaled by
-    the cluster's measured efficiency for this op and tier when it has one (module docstring)."""
+    the cluster's measured efficiency for this op and tier when it has one (module docstring); remembered per
+    cluster (Cluster.collective_memo)."""
+    memo = cluster.collective_memo
+    key = (op, message_bytes, span)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        found = memo[key] = _calibrated_cost(op, message_bytes, span, cluster)
+    return cast(CollectiveCost, found)
+
+
+def _calibrated_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:
+    """The α–β model's cost, divided by the measured efficiency of `op` on this tier at this size, if measured."""
     cost = modeled_cost(op, message_bytes, span, cluster)
     if not cluster.collective_calibration or cost.time_s <= 0:
         return cost
@@ -133,7 +148,7 @@ def collective_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Clus
     if curve is None:
         return cost
     log_sizes, ratios = curve
-    ratio = float(np.interp(math.log(message_bytes), log_sizes, ratios))
+    ratio = _interpolate(math.log(message_bytes), log_sizes, ratios)
     return CollectiveCost(op, message_bytes, cost.group_size, cost.time_s / ratio, cost.bus_bytes_per_s * ratio,
                           f"{cost.link}; measured {ratio:.2f}x the model's bus bandwidth")
 
@@ -152,6 +167,17 @@ def _measured_efficiency(op: Op, tier: str, cluster: Cluster) -> tuple[tuple[flo
                                   leaves=1)
         ratios.append(modeled_cost(op, point.size_bytes, measured_span, cluster).time_s / point.time_s)
     return tuple(math.log(p.size_bytes) for p in points), tuple(ratios)
+
+
+def _interpolate(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    """Piecewise-linear y(x) through the points (xs ascending), held at the end values outside them (as
+    numpy.interp does; plain Python so that plan does not import numpy)."""
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
 
 
 def modeled_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster) -> CollectiveCost:

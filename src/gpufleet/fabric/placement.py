@@ -13,10 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-import numpy as np
-
 from gpufleet.fabric.topology import Cluster
-from gpufleet.fabric.trees import tree_crossing_node_equivalents
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees
 
 GroupKind = Literal["tp", "cp", "dp", "dp_cp", "ep", "pp", "edp", "etp"]
@@ -74,19 +71,30 @@ def group_span(layout: Layout, kind: GroupKind, cluster: Cluster, placement: Pla
     gpus_per_node = cluster.gpus_per_node
     if size <= 1:
         return GroupSpan(size=1, per_node=1, nodes=1, nodes_per_leaf=1, leaves=1)
+    return _placed(stride, size, gpus_per_node, cluster.num_nodes, cluster.nodes_per_leaf, placement)
+
+
+@lru_cache(maxsize=4096)
+def _placed(stride: int, size: int, gpus_per_node: int, num_nodes: int, leaf_nodes: int,
+            placement: Placement) -> GroupSpan:
+    """group_span of a group of `size` ranks `stride` apart, from the numbers of the cluster it depends on (a
+    search asks for the same few spans thousands of times)."""
     if stride >= gpus_per_node:
         per_node = 1
         node_stride = stride // gpus_per_node
     else:
         per_node = min(size, max(1, gpus_per_node // stride))
         node_stride = 1
-    return span_over_nodes(size, per_node, math.ceil(size / per_node), cluster, placement, node_stride)
+    return _span(size, per_node, math.ceil(size / per_node), num_nodes, leaf_nodes, placement, node_stride)
 
 
 def leaf_capacities(cluster: Cluster) -> list[int]:
     """Nodes under each leaf as the cluster is cabled: full leaves in node order, the last one holds the rest."""
-    leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
-    full, rest = divmod(cluster.num_nodes, leaf_nodes)
+    return _leaf_capacities(cluster.num_nodes, cluster.nodes_per_leaf)
+
+
+def _leaf_capacities(num_nodes: int, leaf_nodes: int) -> list[int]:
+    full, rest = divmod(num_nodes, leaf_nodes)
     return [leaf_nodes] * full + ([rest] if rest else [])
 
 
@@ -106,6 +114,10 @@ def _dealt_over_leaves(nodes: int, capacities: list[int]) -> list[int]:
 @lru_cache(maxsize=256)
 def _scattered_tree_crossing(counts: tuple[int, ...]) -> float:
     """Tree traffic leaving the busiest leaf when nodes are dealt out to leaves in turn (`counts` each)."""
+    import numpy as np  # only scatter placement needs it: `plan` starts without numpy
+
+    from gpufleet.fabric.trees import tree_crossing_node_equivalents
+
     columns = [[leaf] * count for leaf, count in enumerate(counts)]
     return tree_crossing_node_equivalents(np.asarray(dealt_in_turn(columns), dtype=np.int64))
 
@@ -126,11 +138,16 @@ def span_over_nodes(size: int, per_node: int, nodes: int, cluster: Cluster, plac
     neighbours sit under different leaves; `crossing_nodes_per_leaf` counts the hops that leave the
     busiest leaf (all of its nodes' hops, unless the other leaves run out of nodes first).
     """
-    leaf_nodes = cluster.fabric.nodes_under_leaf(cluster.node)
+    return _span(size, per_node, nodes, cluster.num_nodes, cluster.nodes_per_leaf, placement, node_stride)
+
+
+def _span(size: int, per_node: int, nodes: int, num_nodes: int, leaf_nodes: int, placement: Placement,
+          node_stride: int) -> GroupSpan:
+    """span_over_nodes on a cluster of `num_nodes` nodes, `leaf_nodes` under each leaf."""
     if nodes == 1:
         return GroupSpan(size, per_node, 1, 1, 1)
     if placement == "scatter":
-        counts = _dealt_over_leaves(nodes, leaf_capacities(cluster))
+        counts = _dealt_over_leaves(nodes, _leaf_capacities(num_nodes, leaf_nodes))
         if len(counts) > 1:
             crossing = max(min(count, nodes - count) for count in counts)
             return GroupSpan(size, per_node, nodes, max(counts), len(counts), contiguous=False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from gpufleet.catalog.calibration import MeasuredCollective
@@ -120,6 +121,17 @@ class Cluster:
     @property
     def num_nodes(self) -> int:
         return max(1, self.gpus // self.node.gpus)
+
+    @cached_property
+    def collective_memo(self) -> dict[tuple[object, ...], object]:
+        """Collective costs already computed on this cluster (fabric.collectives fills it; a search asks for the same
+        collective many times). Not part of the cluster's value: equality and hashing ignore it."""
+        return {}
+
+    @cached_property
+    def nodes_per_leaf(self) -> int:
+        """Nodes under one leaf switch (`Fabric.nodes_under_leaf` of this node; computed once)."""
+        return self.fabric.nodes_under_leaf(self.node)
 
     @property
     def nic_bytes_per_s_per_gpu(self) -> float:

@@ -141,14 +141,13 @@ def micro_batches_per_step(layout: Layout, global_batch: int) -> int:
 
 def validate_layout(layout: Layout, model: ModelSpec, gpus: int, global_batch: int, seq_len: int) -> None:
     """Raise LayoutError naming the first broken constraint (every degree printed in the message)."""
-    degrees = f"tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} vpp={layout.vpp}"
-
     def broken(constraint: str, why: str) -> LayoutError:
+        degrees = f"tp={layout.tp} pp={layout.pp} dp={layout.dp} cp={layout.cp} ep={layout.ep} vpp={layout.vpp}"
         return LayoutError(constraint, f"invalid layout ({degrees}, micro_batch={layout.micro_batch}): {why}")
 
-    for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
-        if getattr(layout, name) < 1:
-            raise broken("positive", f"{name} must be at least 1")
+    if min(layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.vpp, layout.micro_batch) < 1:
+        name = next(name for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch") if getattr(layout, name) < 1)
+        raise broken("positive", f"{name} must be at least 1")
     if layout.sharding not in SHARDINGS:
         raise broken("sharding", f"sharding must be one of {', '.join(SHARDINGS)}")
     if layout.recompute not in RECOMPUTES:

@@ -218,6 +218,283 @@ def _check_inputs(seq_len: int, global_batch: int, precision: str) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _StageParameters:
+    """The bytes of one stage that follow from its parameters alone (every micro-batch shape shares them)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    host: float  # ZeRO-Offload optimizer state
+    bucket: float | None  # ZeRO-2/3, FSDP: the gradient bucket being reduce-scattered (None: no such buffer)
+    gathered: float | None  # ZeRO-3, FSDP: the current and the prefetched layer all-gathered (None: none)
+
+
+#: A MemoryBreakdown's fields in order (weights, gradients, optimizer, activations, buffers, overhead, host bytes)
+MemoryParts = tuple[float, float, float, float, float, float, float]
+
+
+#: What one layout's stages look up (JobMemory._shared): its parameter bytes by stage, its activation bytes (on the
+#: GPU, offloaded) by stage, its activation-sized buffers, etp, edp and micro-batches per step.
+_Shared = tuple[dict[int, _StageParameters], dict[int, tuple[float, float]], float, int, int, int]
+
+
+def memory_parts_total(parts: MemoryParts) -> float:
+    """MemoryBreakdown(*parts).total_bytes, summed in the same order."""
+    return parts[0] + parts[1] + parts[2] + parts[3] + parts[4] + parts[5]
+
+
+class JobMemory:
+    """The memory model of one job (model, sequence, batch, precision, assumptions) for any number of layouts.
+
+    `stage_memory` and `peak_stage_memory` are this object used once. A search keeps one and asks it about
+    every layout: the three parts of a stage's bytes (what its parameters need, what its activations need, the
+    activation-sized communication buffers) each depend on a few of the layout's fields, so each is computed
+    once per distinct value of those fields and the stage's total is summed from them in the order the closed
+    form adds them (the same floating-point numbers). Keys are tuples of plain values, never the model.
+    """
+
+    def __init__(self, model: ModelSpec, *, seq_len: int, global_batch: int, precision: str,
+                 assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> None:
+        self.model = model
+        self.seq_len = seq_len
+        self.global_batch = global_batch
+        self.precision = precision
+        self.assumptions = assumptions
+        self._c = _constants(model)
+        self._params: dict[tuple[object, ...], dict[int, _StageParameters]] = {}
+        self._activations: dict[tuple[object, ...], tuple[dict[int, tuple[float, float]], float]] = {}
+        self._layers: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._held: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self._candidates: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def stage(self, layout: Layout, stage: int) -> MemoryBreakdown:
+        """Bytes per GPU on pipeline rank `stage` (0-based). Does not validate the layout."""
+        if not 0 <= stage < layout.pp:
+            raise InputError(f"stage {stage} is outside 0..{layout.pp - 1}")
+        return MemoryBreakdown(*self._stage_parts(self._shared(layout), layout, stage))
+
+    def peak(self, layout: Layout) -> tuple[int, MemoryBreakdown]:
+        """(stage, breakdown) of the stage that needs the most memory per GPU (the first such stage on a tie).
+        Does not validate the layout (`peak_stage_memory` does)."""
+        stage, parts = self.peak_parts(layout)
+        return stage, MemoryBreakdown(*parts)
+
+    def peak_parts(self, layout: Layout) -> tuple[int, MemoryParts]:
+        """`peak` with the breakdown's fields as a tuple (a search builds the breakdown only for the layouts it
+        ranks); `memory_parts_total` is its `total_bytes`."""
+        shared = self._shared(layout)
+        stages = self._candidate_stages(layout.pp, layout.vpp)
+        best_stage, best = stages[0], self._stage_parts(shared, layout, stages[0])
+        best_total = memory_parts_total(best)
+        for stage in stages[1:]:
+            parts = self._stage_parts(shared, layout, stage)
+            total = memory_parts_total(parts)
+            if total > best_total:
+                best_stage, best_total, best = stage, total, parts
+        return best_stage, best
+
+    def _shared(self, layout: Layout) -> _Shared:
+        """The tables of the parts this layout shares with others: parameters by stage (shared by every layout
+        with its degrees and sharding), activations by stage and the activation-sized buffers (by every layout
+        with its micro-batch shape and recompute)."""
+        tp, cp, pp, sp, mb = layout.tp, layout.cp, layout.pp, layout.sequence_parallel, layout.micro_batch
+        etp, edp = expert_parallel_degrees(layout)
+        m = micro_batches_per_step(layout, self.global_batch)
+        params_key = (tp, pp, layout.vpp, layout.ep, etp, edp, layout.dp, cp, layout.sharding, layout.hsdp_group,
+                      layout.offload_optimizer)
+        params = self._params.get(params_key)
+        if params is None:
+            params = self._params[params_key] = {}
+        activations_key = (tp, cp, sp, etp, mb, m, pp, layout.vpp, layout.recompute, layout.recompute_layers,
+                           layout.offload_activation_layers, layout.ep > 1)
+        activations = self._activations.get(activations_key)
+        if activations is None:
+            activations = self._activations[activations_key] = ({}, self._activation_buffers(layout))
+        return params, activations[0], activations[1], etp, edp, m
+
+    def _stage_parts(self, shared: _Shared, layout: Layout, stage: int) -> MemoryParts:
+        """(weights, gradients, optimizer, activations, buffers, overhead, host) bytes of one stage."""
+        a = self.assumptions
+        by_stage, activations_by_stage, buffers, etp, edp, m = shared
+        params = by_stage.get(stage)
+        if params is None:
+            params = by_stage[stage] = self._stage_parameters(layout, stage, etp, edp)
+        found = activations_by_stage.get(stage)
+        if found is None:
+            found = activations_by_stage[stage] = self._stage_activations(layout, stage, m)
+        activations, host_activations = found
+        if params.bucket is not None:
+            buffers += params.bucket
+        if params.gathered is not None:
+            buffers += params.gathered
+        subtotal = params.weights + params.gradients + params.optimizer + activations + buffers
+        overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
+        return (params.weights, params.gradients, params.optimizer, activations, buffers, overhead,
+                params.host + host_activations)
+
+    def _held_layers(self, pp: int, vpp: int, stage: int) -> tuple[int, int]:
+        """(layers, dense layers) held by pipeline rank `stage`."""
+        key = (pp, vpp, stage)
+        found = self._held.get(key)
+        if found is None:
+            held = stage_layer_indices(self.model.layers, pp, vpp, stage)
+            dense_layers = self._c.dense_layers
+            dense = len(held) if dense_layers >= self.model.layers else sum(1 for i in held if i < dense_layers)
+            found = self._held[key] = (len(held), dense)
+        return found
+
+    def _candidate_stages(self, pp: int, vpp: int) -> tuple[int, ...]:
+        """Stages that can hold the peak: the first and the last (embedding, head) and, for every distinct split of
+        (dense, MoE) layers a stage holds, the earliest stage with that split. Stages with equal parameters hold
+        fewer micro-batches the later they are, so the earliest of them is the fullest; but an uneven split gives
+        the middle stages the extra layers (stage_layer_indices), so a middle stage can outweigh the first."""
+        found = self._candidates.get((pp, vpp))
+        if found is None:
+            dense_layers = min(self._c.dense_layers, self.model.layers)
+            split = stage_layer_split(self.model.layers, pp, vpp, dense_layers)
+            candidates = {0, pp - 1}
+            seen: set[tuple[int, int]] = set()
+            for stage, held in enumerate(split):
+                if held not in seen:
+                    seen.add(held)
+                    candidates.add(stage)
+            found = self._candidates[(pp, vpp)] = tuple(sorted(candidates))
+        return found
+
+    def _stage_parameters(self, layout: Layout, stage: int, etp: int, edp: int) -> _StageParameters:
+        """Weights, gradients and optimizer state one GPU of the stage holds, and the ZeRO buffers they size."""
+        model, a, c = self.model, self.assumptions, self._c
+        tp = layout.tp
+        first, last = stage == 0, stage == layout.pp - 1
+        n_layers, n_dense = self._held_layers(layout.pp, layout.vpp, stage)
+        n_moe = n_layers - n_dense
+        layer_dense_params = n_layers * (c.attention / tp + c.norms) + n_dense * c.dense_mlp / tp
+        layer_dense_params += n_moe * (c.shared_experts / tp + c.router)
+        expert_params = n_moe * c.routed_experts / (layout.ep * etp)
+        dense_params = layer_dense_params
+        if first:
+            dense_params += c.vocab_embedding / tp + c.position_embedding
+        if last:
+            dense_params += c.output_norm
+            if model.tied_embeddings and layout.pp > 1:
+                dense_params += c.vocab_embedding / tp  # Megatron's copy of the tied embedding on the last stage
+            elif not model.tied_embeddings:
+                dense_params += c.vocab_embedding / tp  # untied output head (output_norm holds only the norm)
+
+        (wd, gd, od), (we, ge, oe) = _shard_degrees(layout, edp)
+        weight_bytes_per_param = 2.0  # what a gathered (bf16) layer costs
+        resident_weight_bytes = 4.0 if a.fp32_params else weight_bytes_per_param
+        weights = resident_weight_bytes * (dense_params / wd + expert_params / we)
+        if self.precision == "fp8":
+            weights += 2.0 * (layer_dense_params / wd + expert_params / we)  # fp8 weight + transpose caches
+        gradients = a.grad_bytes * (dense_params / gd + expert_params / ge)
+        optimizer = host = 0.0
+        optimizer_bytes = a.optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)  # the master is the param
+        if layout.offload_optimizer:
+            host += optimizer_bytes * (dense_params / od + expert_params / oe)
+        else:
+            optimizer = optimizer_bytes * (dense_params / od + expert_params / oe)
+
+        bucket = gathered = None
+        if gd > 1 or ge > 1:
+            # ZeRO-2/3, FSDP: unsharded gradients of the bucket being reduce-scattered. Capped by the part of
+            # the gradients the rank does not own (a bucket larger than that degenerates to ZeRO-1), so that
+            # sharding never costs more than not sharding. ZeRO-1/none reduce in place in Megatron's contiguous
+            # fp32 grad buffer (already counted under gradients).
+            remote_grads = dense_params * (1 - 1 / gd) + expert_params * (1 - 1 / ge)
+            bucket = a.grad_bytes * min(a.dp_bucket_elements, remote_grads)
+        if wd > 1 or we > 1:
+            # ZeRO-3/FSDP: the current and the prefetched layer all-gathered (capped like the bucket: a stage of
+            # one or two layers simply stays unsharded in effect)
+            layer_local = c.attention / tp + c.norms + max(c.dense_mlp / tp, c.shared_experts / tp + c.router)
+            if model.moe is not None:
+                layer_local += c.routed_experts / (layout.ep * etp)
+            remote_weights = dense_params * (1 - 1 / wd) + expert_params * (1 - 1 / we)
+            gathered = weight_bytes_per_param * min(2 * layer_local, remote_weights)
+        return _StageParameters(weights, gradients, optimizer, host, bucket, gathered)
+
+    def _layer_bytes(self, layout: Layout, moe_layer: bool) -> tuple[float, float]:
+        """(saved under the layout's recompute, saved without recompute) bytes of one layer and micro-batch."""
+        a = self.assumptions
+        etp, _ = expert_parallel_degrees(layout)
+        key = (layout.tp, layout.cp, layout.sequence_parallel, etp, layout.micro_batch, layout.recompute, moe_layer)
+        found = self._layers.get(key)
+        if found is None:
+            terms = _terms(self.model, layout.tp, moe_layer, a.flash_attention, a.dropout, self.precision == "fp8")
+            saved = layer_bytes(terms, self.model, layout, seq_len=self.seq_len, micro_batch=layout.micro_batch,
+                                recompute=layout.recompute, selective_policy=a.selective_policy,
+                                gathered_column_inputs=a.tp_gathered_inputs)
+            whole = layer_bytes(terms, self.model, layout, seq_len=self.seq_len, micro_batch=layout.micro_batch,
+                                recompute="none", gathered_column_inputs=a.tp_gathered_inputs)
+            found = self._layers[key] = (saved, whole)
+        return found
+
+    def _stage_activations(self, layout: Layout, stage: int, m: int) -> tuple[float, float]:
+        """(activation bytes on the GPU, activation bytes offloaded to the host) of the stage at its peak."""
+        model, a = self.model, self.assumptions
+        first, last = stage == 0, stage == layout.pp - 1
+        n_layers, n_dense = self._held_layers(layout.pp, layout.vpp, stage)
+        n_moe = n_layers - n_dense
+        mb = layout.micro_batch
+        inflight = inflight_microbatches(layout, stage, m)
+        per_mb = 0.0
+        offloaded_per_mb = 0.0
+        worst_layer = 0.0
+        recomputed = recomputed_fraction(layout, n_layers)  # block recompute: that share keeps only its input
+        # CPU offloading: that share of the layers keeps nothing on the GPU, but one layer's tensors are in transit
+        offloaded = min(1.0, (layout.offload_activation_layers or 0) / n_layers) if n_layers else 0.0
+        for count, moe_layer in ((n_dense, False), (n_moe, True)):
+            if not count:
+                continue
+            saved, whole = self._layer_bytes(layout, moe_layer)
+            if layout.recompute == "selective" and a.selective_policy == "op":
+                # the layer being recomputed holds what the policy dropped while its backward runs
+                worst_layer = max(worst_layer, whole - saved)
+            if layout.recompute == "full":
+                if recomputed >= 1.0:  # the layer being recomputed holds its full activations
+                    worst_layer = max(worst_layer, whole)
+                # (block recompute re-materialises its first layers after backward has freed the stored ones)
+                saved = recomputed * saved + (1 - recomputed) * whole
+            if offloaded:
+                worst_layer = max(worst_layer, saved)  # the layer whose copy to or from the host is in flight
+                offloaded_per_mb += count * saved * offloaded
+                saved *= 1 - offloaded
+            per_mb += count * saved
+        activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
+        host = inflight * offloaded_per_mb
+        if first:
+            held = min(layout.pp, m) if layout.pp > 1 else 1
+            activations += held * embedding_activation_bytes(
+                model, layout, seq_len=self.seq_len, micro_batch=mb, dropout=a.dropout
+            )
+        if last:
+            activations += output_activation_bytes(
+                model, layout, seq_len=self.seq_len, micro_batch=mb,
+                logits_bytes_per_element=a.logits_bytes_per_element,
+            )
+        return activations, host
+
+    def _activation_buffers(self, layout: Layout) -> float:
+        """Communication buffers sized by the activations: SP's gathered input, p2p, ring-attention K/V, all-to-all."""
+        model = self.model
+        tp = layout.tp
+        tokens = self.seq_len * layout.micro_batch / layout.cp
+        h = model.hidden
+        sp = layout.sequence_parallel and tp > 1
+        buffers = 0.0
+        if sp:
+            buffers += ACT_BYTES * tokens * h  # all-gathered layer input of the column-parallel GEMMs
+        if layout.pp > 1:
+            buffers += 2 * ACT_BYTES * tokens * h / (tp if sp else 1)  # p2p send + receive
+        if layout.cp > 1:
+            kv_width = 2 * model.kv_heads * model.head_dim_ / min(tp, model.kv_heads)
+            buffers += 2 * ACT_BYTES * tokens * kv_width  # ring attention K/V in flight (send + receive)
+        if layout.ep > 1 and model.moe is not None:
+            buffers += 2 * ACT_BYTES * expert_routed_tokens(layout, tokens) * model.moe.top_k * h  # all-to-all in/out
+        return buffers
+
+
 def stage_memory(
     model: ModelSpec,
     layout: Layout,
@@ -229,125 +506,8 @@ def stage_memory(
     assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
 ) -> MemoryBreakdown:
     """Bytes per GPU on pipeline rank `stage` (0-based). Does not validate the layout (the callers do)."""
-    if not 0 <= stage < layout.pp:
-        raise InputError(f"stage {stage} is outside 0..{layout.pp - 1}")
-    a = assumptions
-    c = _constants(model)
-    tp = layout.tp
-    etp, edp = expert_parallel_degrees(layout)
-    first, last = stage == 0, stage == layout.pp - 1
-
-    # --- parameters held by one GPU of this stage (before ZeRO/FSDP sharding)
-    n_layers = len(stage_layer_indices(model.layers, layout.pp, layout.vpp, stage))
-    n_dense = _dense_layers_on_stage(model, layout, stage, c.dense_layers)
-    n_moe = n_layers - n_dense
-    layer_dense_params = n_layers * (c.attention / tp + c.norms) + n_dense * c.dense_mlp / tp
-    layer_dense_params += n_moe * (c.shared_experts / tp + c.router)
-    expert_params = n_moe * c.routed_experts / (layout.ep * etp)
-    dense_params = layer_dense_params
-    if first:
-        dense_params += c.vocab_embedding / tp + c.position_embedding
-    if last:
-        dense_params += c.output_norm
-        if model.tied_embeddings and layout.pp > 1:
-            dense_params += c.vocab_embedding / tp  # Megatron's copy of the tied embedding on the last stage
-        elif not model.tied_embeddings:
-            dense_params += c.vocab_embedding / tp  # untied output head (output_norm holds only the norm)
-
-    (wd, gd, od), (we, ge, oe) = _shard_degrees(layout, edp)
-    weight_bytes_per_param = 2.0  # what a gathered (bf16) layer costs
-    resident_weight_bytes = 4.0 if a.fp32_params else weight_bytes_per_param
-    weights = resident_weight_bytes * (dense_params / wd + expert_params / we)
-    if precision == "fp8":
-        weights += 2.0 * (layer_dense_params / wd + expert_params / we)  # fp8 weight + transpose caches
-    gradients = a.grad_bytes * (dense_params / gd + expert_params / ge)
-    optimizer = host = 0.0
-    optimizer_bytes = a.optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)  # the master is the param
-    if layout.offload_optimizer:
-        host += optimizer_bytes * (dense_params / od + expert_params / oe)
-    else:
-        optimizer = optimizer_bytes * (dense_params / od + expert_params / oe)
-
-    # --- activations
-    mb = layout.micro_batch
-    m = micro_batches_per_step(layout, global_batch)
-    inflight = inflight_microbatches(layout, stage, m)
-    per_mb = 0.0
-    offloaded_per_mb = 0.0
-    worst_layer = 0.0
-    recomputed = recomputed_fraction(layout, n_layers)  # block recompute: that share keeps only its input
-    # CPU offloading: that share of the layers keeps nothing on the GPU, but one layer's tensors are in transit
-    offloaded = min(1.0, (layout.offload_activation_layers or 0) / n_layers) if n_layers else 0.0
-    for count, moe_layer in ((n_dense, False), (n_moe, True)):
-        if not count:
-            continue
-        terms = _terms(model, tp, moe_layer, a.flash_attention, a.dropout, precision == "fp8")
-        saved = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute=layout.recompute,
-                            selective_policy=a.selective_policy, gathered_column_inputs=a.tp_gathered_inputs)
-        whole = layer_bytes(terms, model, layout, seq_len=seq_len, micro_batch=mb, recompute="none",
-                            gathered_column_inputs=a.tp_gathered_inputs)
-        if layout.recompute == "selective" and a.selective_policy == "op":
-            # the layer being recomputed holds what the policy dropped while its backward runs
-            worst_layer = max(worst_layer, whole - saved)
-        if layout.recompute == "full":
-            if recomputed >= 1.0:  # the layer being recomputed holds its full activations
-                worst_layer = max(worst_layer, whole)
-            # (block recompute re-materialises its first layers after backward has freed the stored ones)
-            saved = recomputed * saved + (1 - recomputed) * whole
-        if offloaded:
-            worst_layer = max(worst_layer, saved)  # the layer whose copy to or from the host is in flight
-            offloaded_per_mb += count * saved * offloaded
-            saved *= 1 - offloaded
-        per_mb += count * saved
-    activations = inflight * per_mb + worst_layer  # full recompute re-materialises one layer in backward
-    host += inflight * offloaded_per_mb
-    if first:
-        held = min(layout.pp, m) if layout.pp > 1 else 1
-        activations += held * embedding_activation_bytes(
-            model, layout, seq_len=seq_len, micro_batch=mb, dropout=a.dropout
-        )
-    if last:
-        activations += output_activation_bytes(
-            model,
-            layout,
-            seq_len=seq_len,
-            micro_batch=mb,
-            logits_bytes_per_element=a.logits_bytes_per_element,
-        )
-
-    # --- communication buffers
-    tokens = seq_len * mb / layout.cp
-    h = model.hidden
-    sp = layout.sequence_parallel and tp > 1
-    buffers = 0.0
-    if sp:
-        buffers += ACT_BYTES * tokens * h  # all-gathered layer input of the column-parallel GEMMs
-    if layout.pp > 1:
-        buffers += 2 * ACT_BYTES * tokens * h / (tp if sp else 1)  # p2p send + receive
-    if layout.cp > 1:
-        kv_width = 2 * model.kv_heads * model.head_dim_ / min(tp, model.kv_heads)
-        buffers += 2 * ACT_BYTES * tokens * kv_width  # ring attention K/V in flight (send + receive)
-    if layout.ep > 1 and model.moe is not None:
-        buffers += 2 * ACT_BYTES * expert_routed_tokens(layout, tokens) * model.moe.top_k * h  # all-to-all in/out
-    if gd > 1 or ge > 1:
-        # ZeRO-2/3, FSDP: unsharded gradients of the bucket being reduce-scattered. Capped by the part of
-        # the gradients the rank does not own (a bucket larger than that degenerates to ZeRO-1), so that
-        # sharding never costs more than not sharding. ZeRO-1/none reduce in place in Megatron's contiguous
-        # fp32 grad buffer (already counted under gradients).
-        remote_grads = dense_params * (1 - 1 / gd) + expert_params * (1 - 1 / ge)
-        buffers += a.grad_bytes * min(a.dp_bucket_elements, remote_grads)
-    if wd > 1 or we > 1:
-        # ZeRO-3/FSDP: the current and the prefetched layer all-gathered (capped like the bucket: a stage of
-        # one or two layers simply stays unsharded in effect)
-        layer_local = c.attention / tp + c.norms + max(c.dense_mlp / tp, c.shared_experts / tp + c.router)
-        if model.moe is not None:
-            layer_local += c.routed_experts / (layout.ep * etp)
-        remote_weights = dense_params * (1 - 1 / wd) + expert_params * (1 - 1 / we)
-        buffers += weight_bytes_per_param * min(2 * layer_local, remote_weights)
-
-    subtotal = weights + gradients + optimizer + activations + buffers
-    overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
-    return MemoryBreakdown(weights, gradients, optimizer, activations, buffers, overhead, host)
+    return JobMemory(model, seq_len=seq_len, global_batch=global_batch, precision=precision,
+                     assumptions=assumptions).stage(layout, stage)
 
 
 def _validated(model: ModelSpec, layout: Layout, seq_len: int, global_batch: int, precision: str) -> None:
@@ -380,22 +540,6 @@ def memory_per_stage(
     ]
 
 
-def _candidate_stages(model: ModelSpec, layout: Layout) -> list[int]:
-    """Stages that can hold the peak: the first and the last (embedding, head) and, for every distinct split of
-    (dense, MoE) layers a stage holds, the earliest stage with that split. Stages with equal parameters hold
-    fewer micro-batches the later they are, so the earliest of them is the fullest; but an uneven split gives
-    the middle stages the extra layers (stage_layer_indices), so a middle stage can outweigh the first."""
-    dense_layers = min(_constants(model).dense_layers, model.layers)
-    split = stage_layer_split(model.layers, layout.pp, layout.vpp, dense_layers)
-    candidates = {0, layout.pp - 1}
-    seen: set[tuple[int, int]] = set()
-    for stage, held in enumerate(split):
-        if held not in seen:
-            seen.add(held)
-            candidates.add(stage)
-    return sorted(candidates)
-
-
 def peak_stage_memory(
     model: ModelSpec,
     layout: Layout,
@@ -407,19 +551,5 @@ def peak_stage_memory(
 ) -> tuple[int, MemoryBreakdown]:
     """(stage, breakdown) of the stage that needs the most memory per GPU: the one that decides fit."""
     _validated(model, layout, seq_len, global_batch, precision)
-    found = [
-        (
-            stage,
-            stage_memory(
-                model,
-                layout,
-                seq_len=seq_len,
-                global_batch=global_batch,
-                precision=precision,
-                stage=stage,
-                assumptions=assumptions,
-            ),
-        )
-        for stage in _candidate_stages(model, layout)
-    ]
-    return max(found, key=lambda item: item[1].total_bytes)
+    return JobMemory(model, seq_len=seq_len, global_batch=global_batch, precision=precision,
+                     assumptions=assumptions).peak(layout)

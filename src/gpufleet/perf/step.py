@@ -106,6 +106,8 @@ class StepEstimate:
     peak_flops: float
     bubble_fraction: float
     micro_batches: int
+    #: the pipeline's critical path: m x the slowest stage + the bubble (what planner/floors.py bounds from below)
+    pipeline_s: float
 
     @property
     def tokens_per_s(self) -> float:
@@ -302,6 +304,7 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
         peak_flops=cluster.gpu.peak_flops(job.precision),
         bubble_fraction=schedule.bubble_s / step_s if step_s > 0 else 0.0,
         micro_batches=ctx.micro_batches,
+        pipeline_s=schedule.pipeline_s,
     )
 
 

@@ -167,13 +167,15 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     gpu = cluster.gpu
     gpu.peak_flops(job.precision)  # fail early on an unsupported precision
     calibration = stack_calibration(catalog.calibration(gpu.id), request.attention_kernel)
+    pool_size = max(request.top * 4, 20)  # the fastest layouts whose cost and run time are computed
     if request.sites != 1 or request.wan_gbps is not None or request.wan_latency_s is not None:
         from gpufleet.planner.sites import search_request_sites
 
+        # exhaustive: the WAN time is added after each step estimate, so the search's step floors do not bound it
         found = search_request_sites(request, job, cluster, calibration, progress)
     else:
         found = search(job, cluster, calibration, space=request.search_space, options=request.options,
-                       progress=progress)
+                       progress=progress, keep=pool_size)
     if not found.feasible:
         if not found.tried:
             raise NoLegalLayoutError(describe_no_legal_layout(request, catalog, job, cluster))
@@ -181,7 +183,7 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
     ranked: list[Plan] = []
     economics_error: str | None = None
-    pool = found.feasible[: max(request.top * 4, 20)]
+    pool = found.feasible[:pool_size]
     if request.fabric_model == "sim":
         # The flow-level simulator re-times every collective of the analytically best plans.
         sim_options = replace(request.options, fabric_model="sim")

@@ -6,8 +6,9 @@ import math
 from bisect import insort
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import NodeSpec
@@ -22,8 +23,9 @@ from gpufleet.parallel.layout import (
     max_virtual_stages,
     validate_layout,
 )
-from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory
+from gpufleet.parallel.memory import JobMemory, MemoryBreakdown, MemoryParts, memory_parts_total
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
+from gpufleet.planner.floors import ComputeFloor, StepFloor, rules_out
 from gpufleet.workload.job import Job
 
 
@@ -70,12 +72,20 @@ class Infeasible:
 
 @dataclass
 class SearchResult:
-    """Ranked feasible layouts plus the counts of what was tried and why the rest failed."""
+    """Ranked feasible layouts (all, or the fastest `keep` of them) plus the counts of what was tried, how many fit
+    and why the rest failed."""
 
     feasible: list[Candidate]
     tried: int
     infeasible: Counter[str] = field(default_factory=Counter)
     closest_misses: list[tuple[Layout, float]] = field(default_factory=list)  # (layout, bytes over HBM)
+    #: how many layouts fit, where `feasible` holds only the fastest of them (search's `keep`)
+    fit_count: int | None = None
+
+    @property
+    def fit(self) -> int:
+        """How many layouts fit: all of them, also those `feasible` leaves out."""
+        return len(self.feasible) if self.fit_count is None else self.fit_count
 
     @property
     def best(self) -> Candidate | None:
@@ -116,7 +126,14 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
         return [fixed[name]] if fixed.get(name) is not None else list(values)
 
     tps = options("tp", [t for t in divisors(n) if t <= max_tp and model.heads % t == 0])
+    shardings = options("sharding", space.shardings)
+    recomputes = options("recompute", space.recomputes)
     for tp in tps:
+        # Megatron-Core requires sequence parallelism for MoE with tp > 1
+        sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
+        if not space.sequence_parallel:
+            sps = [sp for sp in sps if not sp]
+        sps = options("sequence_parallel", sps)
         for cp in options("cp", [c for c in space.cps if job.seq_len % (2 * c) == 0 or c == 1]):
             for pp in options("pp", [p for p in divisors(n // tp) if p <= model.layers]):
                 if n % (tp * cp * pp):
@@ -132,19 +149,17 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
                 experts = [(ep, etp) for ep in options("ep", eps)
                            for etp in _expert_tps(space, fixed, model.moe is not None, tp, ep, dp * cp)]
+                vpps = options("vpp", [v for v in space.vpps
+                                       if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))])
+                mbs = {vpp: options("micro_batch", [b for b in space.micro_batches if per_replica % b == 0
+                                                    and (vpp == 1 or (per_replica // b) % pp == 0)])
+                       for vpp in vpps}
                 for ep, expert_tp in experts:
-                    vpps = [v for v in space.vpps if v == 1 or (pp > 1 and pp * v <= max_virtual_stages(model))]
-                    for vpp in options("vpp", vpps):
-                        mbs = [b for b in space.micro_batches if per_replica % b == 0
-                               and (vpp == 1 or (per_replica // b) % pp == 0)]
-                        for mb in options("micro_batch", mbs):
-                            for sharding in options("sharding", space.shardings):
-                                for recompute in options("recompute", space.recomputes):
-                                    # Megatron-Core requires sequence parallelism for MoE with tp > 1
-                                    sps = [False] if tp == 1 else [True] if model.moe is not None else [True, False]
-                                    if not space.sequence_parallel:
-                                        sps = [sp for sp in sps if not sp]
-                                    for sp in options("sequence_parallel", sps):
+                    for vpp in vpps:
+                        for mb in mbs[vpp]:
+                            for sharding in shardings:
+                                for recompute in recomputes:
+                                    for sp in sps:
                                         yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
                                                      sequence_parallel=sp, sharding=sharding,
                                                      micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
@@ -165,31 +180,93 @@ def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: i
     return host_bytes_per_gpu * gpus_per_node <= host_memory_bytes(node)
 
 
-def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
-             options: StepOptions | None = None) -> Candidate | Infeasible:
-    """A Candidate, or why not (with the bytes over HBM) when the layout is invalid or does not fit."""
+class _Fit(NamedTuple):
+    """A layout that fits, its step not estimated yet (a tuple: a search holds tens of thousands)."""
+
+    layout: Layout
+    peak_stage: int
+    parts: MemoryParts  # its peak stage's MemoryBreakdown fields
+
+    def candidate(self, step: StepEstimate) -> Candidate:
+        return Candidate(self.layout, self.peak_stage, MemoryBreakdown(*self.parts), step)
+
+
+@dataclass(frozen=True, slots=True)
+class _Capacity:
+    """What a GPU's layout must fit in: its HBM, and its node's RAM (host_memory_fits) shared by the node's GPUs."""
+
+    hbm_bytes: float
+    host_bytes: float
+    gpus_per_node: int
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> _Capacity:
+        return cls(cluster.gpu.hbm_bytes, host_memory_bytes(cluster.node), cluster.gpus_per_node)
+
+
+def _memory_verdict(job: Job, layout: Layout, cluster: Cluster, memory: JobMemory,
+                    capacity: _Capacity) -> _Fit | Infeasible:
+    """_Fit, or why not (with the bytes over HBM) when the layout is invalid or does not fit."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
         return Infeasible(f"invalid: {error.constraint}")
-    assumptions = (options or StepOptions()).memory
-    stage, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
-                                      precision=job.precision, assumptions=assumptions)
-    if memory.total_bytes > cluster.gpu.hbm_bytes:
-        return Infeasible("memory", memory.total_bytes - cluster.gpu.hbm_bytes)
-    if not host_memory_fits(memory.host_bytes, cluster.node, cluster.gpus_per_node):
+    stage, parts = memory.peak_parts(layout)
+    total = memory_parts_total(parts)
+    if total > capacity.hbm_bytes:
+        return Infeasible("memory", total - capacity.hbm_bytes)
+    if parts[6] * capacity.gpus_per_node > capacity.host_bytes:  # host_memory_fits of the host bytes
         return Infeasible("host memory")
-    return Candidate(layout, stage, memory, estimate_step(job, layout, cluster, calibration, options))
+    return _Fit(layout, stage, parts)
 
 
-def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, options: StepOptions,
-                   variant: Callable[[int], Layout],
+def _estimated(fit: _Fit | Infeasible, step: Callable[[Layout], StepEstimate]) -> Candidate | Infeasible:
+    if isinstance(fit, _Fit):
+        return fit.candidate(step(fit.layout))
+    return fit
+
+
+def _job_memory(job: Job, options: StepOptions) -> JobMemory:
+    return JobMemory(job.model, seq_len=job.seq_len, global_batch=job.global_batch, precision=job.precision,
+                     assumptions=options.memory)
+
+
+def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
+             options: StepOptions | None = None) -> Candidate | Infeasible:
+    """A Candidate, or why not (with the bytes over HBM) when the layout is invalid or does not fit."""
+    options = options or StepOptions()
+    step_options = options
+    return _estimated(_memory_verdict(job, layout, cluster, _job_memory(job, options), _Capacity.of(cluster)),
+                      lambda fitting: estimate_step(job, fitting, cluster, calibration, step_options))
+
+
+class _Estimator:
+    """What one search knows about its job: the memory model, the step model and its two floors (planner.floors)."""
+
+    def __init__(self, job: Job, cluster: Cluster, calibration: CalibrationProfile, options: StepOptions) -> None:
+        self.job = job
+        self.cluster = cluster
+        self.calibration = calibration
+        self.options = options
+        self.memory = _job_memory(job, options)
+        self.capacity = _Capacity.of(cluster)
+        self.floor = StepFloor(job, cluster, calibration, options)
+        self.compute_floor = ComputeFloor(job, cluster, calibration, options)
+
+    def step(self, layout: Layout) -> StepEstimate:
+        return estimate_step(self.job, layout, self.cluster, self.calibration, self.options)
+
+    def evaluate(self, layout: Layout) -> Candidate | Infeasible:
+        return _estimated(_memory_verdict(self.job, layout, self.cluster, self.memory, self.capacity), self.step)
+
+
+def _fewest_layers(estimator: _Estimator, variant: Callable[[int], Layout],
                    most: int) -> Candidate | Infeasible | None:
     """`variant(k)` for the smallest k in 1..most that fits. Memory falls as k grows (block recompute keeps only
     the inputs of k more layers, offload moves k more layers to the host), so bisect on the memory model alone and
     estimate the step once. None when even `most` does not fit HBM; Infeasible when the smallest k that
     does is refused for another reason (its offloaded tensors do not fit in the node's RAM)."""
-    cap = cluster.gpu.hbm_bytes
+    job, cluster = estimator.job, estimator.cluster
 
     def fits(count: int) -> bool:
         layout = variant(count)
@@ -197,9 +274,7 @@ def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, 
             validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
         except LayoutError:
             return False
-        _, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
-                                      precision=job.precision, assumptions=options.memory)
-        return memory.total_bytes <= cap
+        return memory_parts_total(estimator.memory.peak_parts(layout)[1]) <= estimator.capacity.hbm_bytes
 
     if most < 1 or not fits(most):
         return None
@@ -210,24 +285,22 @@ def _fewest_layers(job: Job, cluster: Cluster, calibration: CalibrationProfile, 
             high = middle
         else:
             low = middle + 1
-    return evaluate(job, variant(high), cluster, calibration, options)
+    return estimator.evaluate(variant(high))
 
 
-def _cheaper_variants(job: Job, full: Candidate, cluster: Cluster, calibration: CalibrationProfile,
-                      options: StepOptions, offload: bool = True) -> list[Candidate | Infeasible]:
+def _cheaper_variants(estimator: _Estimator, full: Layout, offload: bool = True) -> list[Candidate | Infeasible]:
     """Cheaper ways than recomputing every layer for a layout that fits only that way: block recompute of the
     fewest layers per pipeline chunk (Megatron's --recompute-num-layers) and, with pp = 1 on a GPU whose host link
     is known, CPU offloading of the fewest layers' activations (--cpu-offloading-num-layers)."""
     found: list[Candidate | Infeasible] = []
-    chunk = layers_per_chunk(job.model.layers, full.layout)
-    block = _fewest_layers(job, cluster, calibration, options,
-                           lambda k: full.layout.with_(recompute_layers=k), chunk - 1)
+    job = estimator.job
+    chunk = layers_per_chunk(job.model.layers, full)
+    block = _fewest_layers(estimator, lambda k: full.with_(recompute_layers=k), chunk - 1)
     if block is not None:
         found.append(block)
-    if offload and full.layout.pp == 1 and cluster.gpu.host_link_gbytes_per_s is not None:
-        plain = _without_recompute(full.layout)
-        offloaded = _fewest_layers(job, cluster, calibration, options,
-                                   lambda k: plain.with_(offload_activation_layers=k), job.model.layers - 1)
+    if offload and full.pp == 1 and estimator.cluster.gpu.host_link_gbytes_per_s is not None:
+        plain = _without_recompute(full)
+        offloaded = _fewest_layers(estimator, lambda k: plain.with_(offload_activation_layers=k), job.model.layers - 1)
         if offloaded is not None:
             found.append(offloaded)
     return found
@@ -237,45 +310,127 @@ def _without_recompute(layout: Layout) -> Layout:
     return layout.with_(recompute="none", recompute_layers=None)
 
 
+#: Every field of a layout but its recompute choice: equal for a layout and its `_without_recompute` twin (a tuple
+#: built in C, where `_without_recompute` builds a whole Layout).
+_twin_key = attrgetter(*(f.name for f in fields(Layout) if f.name not in ("recompute", "recompute_layers")))
+
+
 #: Block-recompute and offload variants are only built where they could rank among this many of the fastest plans.
 CHEAPER_VARIANT_RANKS = 10
 
 
-def _add_cheaper_variants(job: Job, feasible: list[Candidate], full_only: list[Candidate], cluster: Cluster,
-                          calibration: CalibrationProfile, options: StepOptions, reasons: Counter[str],
-                          offload: bool = True) -> int:
-    """Append the block-recompute and offload variants of the `full_only` candidates (they fit only with every layer
-    recomputed) that could rank among the fastest plans; return how many were tried (a refused one is counted in
-    `reasons`). The floor on any variant's
-    step is its layout's step without recompute (a variant adds recompute or host copies to it), and a floor on
-    that is its compute without the recomputed forward (a step is never shorter than its average stage's compute),
-    which orders the candidates and stops the pass without estimating most of them."""
-    compute_parts = ("compute.gemm", "compute.attention", "compute.elementwise", "compute.logits+loss")
-    order = sorted((sum(full.step.parts[name].exposed_s for name in compute_parts), index)
-                   for index, full in enumerate(full_only))
-    ranked = sorted(c.step.step_s for c in feasible)
+def _add_cheaper_variants(estimator: _Estimator, ranked: _Ranking, full_only: list[Layout],
+                          reasons: Counter[str], offload: bool = True) -> int:
+    """Add to `ranked` the block-recompute and offload variants of the `full_only` layouts (they fit only with every
+    layer recomputed) that could rank among the fastest plans; return how many were tried (a refused one is counted
+    in `reasons`). The floor on any variant's step is its layout's step without recompute (a variant adds recompute
+    or host copies to it), and a floor on that is its compute without the recomputed forward (a step is never
+    shorter than its average stage's compute), which orders the candidates and stops the pass without estimating
+    most of them; the step floor (planner.floors) of the layout without recompute skips most of the rest."""
+    order = sorted((estimator.compute_floor(layout), index) for index, layout in enumerate(full_only))
     added = 0
     for compute_floor_s, index in order:
-        threshold = ranked[CHEAPER_VARIANT_RANKS - 1] if len(ranked) >= CHEAPER_VARIANT_RANKS else math.inf
+        threshold = ranked.nth_fastest_s(CHEAPER_VARIANT_RANKS)
         if compute_floor_s >= threshold:
             break
-        full = full_only[index]
-        if estimate_step(job, _without_recompute(full.layout), cluster, calibration, options).step_s >= threshold:
+        plain = _without_recompute(full_only[index])
+        if rules_out(estimator.floor(plain), threshold) or estimator.step(plain).step_s >= threshold:
             continue
-        for variant in _cheaper_variants(job, full, cluster, calibration, options, offload):
+        for variant in _cheaper_variants(estimator, full_only[index], offload):
             added += 1
             if isinstance(variant, Candidate):
-                feasible.append(variant)
-                insort(ranked, variant.step.step_s)
+                ranked.add(variant)
             else:
                 reasons[variant.reason] += 1
     return added
 
 
+class _Ranking:
+    """The fitting layouts whose step is estimated, and the steps' order (fastest first; equal steps in the order
+    the layouts were found, as a stable sort of every estimate would put them)."""
+
+    def __init__(self) -> None:
+        self._found: list[tuple[float, int, Candidate]] = []
+        self._steps: list[float] = []  # sorted
+        self.fit = 0  # every fitting layout, estimated or not
+
+    def add(self, candidate: Candidate, position: int | None = None) -> None:
+        """An estimated candidate; `position` (its place among the fitting layouts found) defaults to last."""
+        self._found.append((candidate.step.step_s, self.fit if position is None else position, candidate))
+        insort(self._steps, candidate.step.step_s)
+        if position is None:
+            self.fit += 1
+
+    def nth_fastest_s(self, n: int) -> float:
+        """The n-th fastest step estimated so far; infinite while fewer than n are."""
+        return self._steps[n - 1] if len(self._steps) >= n else math.inf
+
+    def ranked(self, keep: int | None) -> list[Candidate]:
+        self._found.sort(key=lambda item: (item[0], item[1]))
+        return [candidate for _, _, candidate in self._found[:keep]]
+
+
+@dataclass
+class _Screened:
+    """Every enumerated layout's memory verdict: those that fit (step not yet estimated), the counts of the rest."""
+
+    fits: list[_Fit] = field(default_factory=list)
+    tried: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    misses: list[tuple[Layout, float]] = field(default_factory=list)
+    full_only: list[Layout] = field(default_factory=list)  # fit only with full recompute
+
+
+def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
+            progress: Callable[[int], None] | None) -> _Screened:
+    """Validate every layout and check its memory (the counts of a search are exact: every layout is checked)."""
+    screened = _Screened()
+    unfit_without_recompute: set[tuple[object, ...]] = set()  # no-recompute layouts that did not fit (_twin_key)
+    for layout in layouts:
+        screened.tried += 1
+        outcome = _memory_verdict(estimator.job, layout, estimator.cluster, estimator.memory, estimator.capacity)
+        if isinstance(outcome, _Fit):
+            screened.fits.append(outcome)
+            if try_cheaper and layout.recompute == "full" and _twin_key(layout) in unfit_without_recompute:
+                screened.full_only.append(layout)
+        else:
+            screened.reasons[outcome.reason] += 1
+            if outcome.reason == "memory":
+                screened.misses.append((layout, outcome.over_bytes))
+                if try_cheaper and layout.recompute == "none":
+                    unfit_without_recompute.add(_twin_key(layout))
+        if progress is not None and screened.tried % 256 == 0:
+            progress(screened.tried)
+    return screened
+
+
+def _rank_fits(estimator: _Estimator, fits: list[_Fit], keep: int | None) -> _Ranking:
+    """Estimate the steps of the fitting layouts, all of them (`keep` None) or, fastest floor first, until the floor
+    of the next one (planner.floors) rules it out of the `keep` fastest: every layout that ranks among those is
+    estimated, so the first `keep` of the ranking are the exhaustive ranking's first `keep`."""
+    ranking = _Ranking()
+    ranking.fit = len(fits)
+    if keep is None:
+        for position, fit in enumerate(fits):
+            ranking.add(fit.candidate(estimator.step(fit.layout)), position)
+        return ranking
+    floors = sorted((estimator.floor(fit.layout), position) for position, fit in enumerate(fits))
+    for floor_s, position in floors:
+        if rules_out(floor_s, ranking.nth_fastest_s(keep)):
+            break
+        fit = fits[position]
+        ranking.add(fit.candidate(estimator.step(fit.layout)), position)
+    return ranking
+
+
 def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space: SearchSpace | None = None,
            fixed: dict[str, Any] | None = None, options: StepOptions | None = None,
-           progress: Callable[[int], None] | None = None) -> SearchResult:
-    """Evaluate every enumerated layout; rank the feasible ones by step time (fastest first)."""
+           progress: Callable[[int], None] | None = None, keep: int | None = None) -> SearchResult:
+    """Check every enumerated layout's memory; rank the feasible ones by step time (fastest first).
+
+    `keep`: return only the `keep` fastest feasible layouts, the same ones in the same order as the first `keep` of
+    the full ranking, estimating the step of only the layouts that a floor on their step (planner.floors) cannot
+    rule out. The counts (tried, fit, infeasible by reason) are those of the full search either way."""
     options = options or StepOptions()
     space = space or SearchSpace()
     useful = tuple(r for r in space.recomputes if r != "selective")
@@ -286,29 +441,11 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         # drop memory, so it stays.)
         space = replace(space, recomputes=useful)
     try_cheaper = space.partial_recompute and (fixed or {}).get("recompute") is None
-    feasible: list[Candidate] = []
-    reasons: Counter[str] = Counter()
-    misses: list[tuple[Layout, float]] = []
-    unfit_without_recompute: set[Layout] = set()  # no-recompute layouts that did not fit
-    full_only: list[Candidate] = []  # full-recompute candidates whose no-recompute twin did not fit
-    tried = 0
-    for layout in enumerate_layouts(job, cluster, space, fixed):
-        tried += 1
-        outcome = evaluate(job, layout, cluster, calibration, options)
-        if isinstance(outcome, Candidate):
-            feasible.append(outcome)
-            if try_cheaper and layout.recompute == "full" and _without_recompute(layout) in unfit_without_recompute:
-                full_only.append(outcome)
-        else:
-            reasons[outcome.reason] += 1
-            if outcome.reason == "memory":
-                misses.append((layout, outcome.over_bytes))
-                if try_cheaper and layout.recompute == "none":
-                    unfit_without_recompute.add(layout)
-        if progress is not None and tried % 256 == 0:
-            progress(tried)
-    tried += _add_cheaper_variants(job, feasible, full_only, cluster, calibration, options, reasons,
-                                   space.activation_offload)
-    feasible.sort(key=lambda c: c.step.step_s)
-    misses.sort(key=lambda item: item[1])
-    return SearchResult(feasible, tried, reasons, misses[:5])
+    estimator = _Estimator(job, cluster, calibration, options)
+    screened = _screen(estimator, enumerate_layouts(job, cluster, space, fixed), try_cheaper, progress)
+    # the cheaper-variant pass needs the exact CHEAPER_VARIANT_RANKS fastest
+    ranking = _rank_fits(estimator, screened.fits, None if keep is None else max(keep, CHEAPER_VARIANT_RANKS))
+    tried = screened.tried + _add_cheaper_variants(estimator, ranking, screened.full_only, screened.reasons,
+                                                   space.activation_offload)
+    screened.misses.sort(key=lambda item: item[1])
+    return SearchResult(ranking.ranked(keep), tried, screened.reasons, screened.misses[:5], fit_count=ranking.fit)

@@ -91,12 +91,12 @@ def _rejected(figures: PlanFigures) -> str:
     search = figures.result.search
     reasons = search.infeasible.most_common()
     categories = ["fit (ranked)", *(f"rejected: {reason}" for reason, _ in reasons)]
-    values = (float(len(search.feasible)), *(float(count) for _, count in reasons))
+    values = (float(search.fit), *(float(count) for _, count in reasons))
     chart = bar_chart(categories, [Series("layouts", values)], value_axis=Axis("layouts (count)"),
                       category_axis="outcome", horizontal=True, title="Layouts tried, by outcome",
-                      desc=f"{search.tried} layouts tried: {len(search.feasible)} fit; "
+                      desc=f"{search.tried} layouts tried: {search.fit} fit; "
                       + ", ".join(f"{count} rejected for {reason}" for reason, count in reasons))
-    return figure(chart, f"Of {search.tried:,} legal layouts, {len(search.feasible):,} fit; the bars below "
+    return figure(chart, f"Of {search.tried:,} legal layouts, {search.fit:,} fit; the bars below "
                   "the first say why the others were dropped.", "fig-rejected")
 
 
