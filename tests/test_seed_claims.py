@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
 import shlex
 from collections import Counter
@@ -245,9 +246,9 @@ def gpufleet(folder: Path, *args: str) -> Ran:
 
 
 def test_doc_seed_files_present() -> None:
-    """The three configurations the seeds print are in the doc, where the commands below read them."""
+    """The four configurations the seeds print are in the doc, where the commands below read them."""
     names = {match["name"] for match in _SEED_FILE.finditer(DOC.read_text(encoding="utf-8"))}
-    assert names == {"ds_seed000.json", "megatron_seed002.args", "moe-1t.yaml"}
+    assert names == {"ds_seed000.json", "megatron_seed002.args", "moe-1t.yaml", "seed000.sbatch"}
 
 
 def test_doc_verdict_counts_match_the_claims() -> None:
@@ -507,3 +508,72 @@ def test_s0_19_s2_14_data_rate_and_steps(seed_dir: Path) -> None:
     assert iops == pytest.approx(8.5, abs=0.1) and 100_000 / iops > 10_000
     assert plan["step_s"] == pytest.approx(0.47, abs=0.005)
     assert 1 / plan["step_s"] < 100 / 40
+
+
+# ---- what `docs/seed-claims.md` once listed as not reproducible ----------------------------------------------------
+
+
+def _doctor_env(seed_dir: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`gpufleet doctor --json` with `env` set, on a node whose sysfs shows no RDMA port (an empty --sysfs-root)."""
+    sysfs = seed_dir / "empty-sysfs"
+    sysfs.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith(("NCCL_", "PYTORCH_"))]:
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        ran = gpufleet(seed_dir, "doctor", "--sysfs-root", str(sysfs), "--json")
+    assert ran.code in (0, 1), ran.stderr  # this host's own checks (clock sync…) may fail
+    return {row["id"]: row for row in ran.json()["checks"]}
+
+
+SEED_NCCL = {"NCCL_IB_GID_INDEX": "3", "NCCL_NTHREADS": "256", "NCCL_IB_SL": "0", "NCCL_IB_QPS_PER_CONNECTION": "8",
+             "NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"}
+
+
+def test_s0_17_s2_33_doctor_reads_the_seeds_nccl_settings(seed_dir: Path) -> None:
+    """S0-17: every one of the seed's six names is NCCL's; IB_SL=0 is its default; the HCA list cannot be compared
+    without visible ports. S2-33: NCCL_TIMEOUT is no NCCL variable."""
+    found = _doctor_env(seed_dir, {**SEED_NCCL, "NCCL_TIMEOUT": "60"})
+    nccl = found["nccl-env"]
+    assert nccl["status"] == "warn"
+    ids = sorted(f["id"] for f in nccl["findings"])
+    assert ids == ["nccl-env-default", "nccl-env-unknown"]  # IB_SL=0; NCCL_TIMEOUT — the other five are NCCL's
+    assert "NCCL_TIMEOUT is not an NCCL variable" in nccl["message"]
+    assert "NCCL_IB_SL=0 is NCCL's default (no effect)" in nccl["message"]
+    assert found["nccl-ib-hca"]["status"] == "skip" and "could not be checked" in found["nccl-ib-hca"]["message"]
+
+
+def test_s2_36_doctor_says_expandable_segments_false_is_the_default(seed_dir: Path) -> None:
+    """S2-36: the seed's second export, `expandable_segments:False`, is PyTorch's default: a no-op."""
+    found = _doctor_env(seed_dir, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})["allocator-env"]
+    assert found["status"] == "ok" and "PyTorch's default: no effect" in found["message"]
+    first = _doctor_env(seed_dir, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})["allocator-env"]
+    assert first["status"] == "ok" and "default" not in first["message"]
+
+
+def test_s0_23_the_seeds_srun_line_is_read_as_slurm(seed_dir: Path) -> None:
+    """S0-23: the srun line alone is a Slurm launch: 128 nodes x 8 GPUs, block order; --network=ib does nothing
+    off a Cray, and --distribution=block chooses no nodes."""
+    ran = gpufleet(seed_dir, "launch", "--check", "seed000.sbatch", "--json")
+    assert ran.code == 0, ran.stderr
+    report = ran.json()
+    assert report["files"][0]["kind"] == "sbatch" and report["gpus"] == 128 * 8
+    notes = " ".join(report["notes"])
+    assert "--network=ib does nothing here" in notes and "does not choose contiguous nodes" in notes
+
+
+def test_s2_09_b200_cloud_prices_without_a_purchase_price(seed_dir: Path) -> None:
+    """S2-09: B200 against H100 on Lambda is 6.69 / 3.99 = 1.68x, not 3x; `cost --gpu b200` prices the offers and
+    says the on-prem side has no DGX B200 purchase price."""
+    ran = gpufleet(seed_dir, "cost", "--gpu", "b200", "--gpu-hours", "1e6", "--json")
+    assert ran.code == 0, ran.stderr
+    data = ran.json()
+    lambda_b200 = next(o for o in data["offers"] if o["name"] == "lambda-b200-on-demand")
+    assert lambda_b200["usd"] == pytest.approx(6.69 * 1e6)
+    h100 = gpufleet(seed_dir, "cost", "--gpu", "h100-sxm", "--gpu-hours", "1e6", "--json").json()
+    lambda_h100 = next(o for o in h100["offers"] if o["name"] == "lambda-h100-on-demand")
+    assert lambda_b200["usd_per_gpu_hour"] / lambda_h100["usd_per_gpu_hour"] == pytest.approx(1.68, abs=0.005)
+    assert data["onprem"] is None and "dgx-b200" in data["onprem_missing"]
+    table = gpufleet(seed_dir, "cost", "--gpu", "b200", "--gpu-hours", "1e6")
+    assert table.code == 0 and "On-prem 512 GPUs not priced: no purchase price" in " ".join(table.stdout.split())
