@@ -382,6 +382,14 @@ def test_s2_21_s2_22_megatron_bubble(seed_dir: Path) -> None:
     bubble_ratio = (m_large / (m_large + p - 1)) / (m_small / (m_small + p - 1))
     per_gpu = (large["tokens_per_s"] / 1024) / (small["tokens_per_s"] / 128)
     assert per_gpu == pytest.approx(bubble_ratio, rel=0.02)  # 0.717 against 0.721
+    # launch --check prints the bubble of this pinned layout: (p-1) mean-stage slots, a share of the step just under
+    # the pure-pipeline (p-1)/(m+p-1), since the step also holds the slowest stage's excess and the optimizer
+    for seen, m in ((small, m_small), (large, m_large)):
+        assert seen["micro_batches"] == m
+        assert seen["bubble_fraction"] == pytest.approx(seen["parts_s"]["bubble"] / seen["step_s"])
+        assert 0.9 * (p - 1) / (m + p - 1) < seen["bubble_fraction"] < (p - 1) / (m + p - 1)
+    assert small["parts_s"]["bubble"] == pytest.approx(large["parts_s"]["bubble"])  # same stages, same micro-batch
+    assert (round(small["bubble_fraction"], 3), round(large["bubble_fraction"], 3)) == (0.053, 0.303)  # guard
     assert small["tokens_per_s"] == pytest.approx(1024 * 2048 / small["step_s"])
     # regression guard: the figures the doc quotes
     assert (round(small["step_s"], 2), round(small["mfu"], 3)) == (40.05, 0.439)
@@ -577,3 +585,34 @@ def test_s2_09_b200_cloud_prices_without_a_purchase_price(seed_dir: Path) -> Non
     assert data["onprem"] is None and "dgx-b200" in data["onprem_missing"]
     table = gpufleet(seed_dir, "cost", "--gpu", "b200", "--gpu-hours", "1e6")
     assert table.code == 0 and "On-prem 512 GPUs not priced: no purchase price" in " ".join(table.stdout.split())
+
+
+def test_s2_53_validate_carries_each_runs_mfu(seed_dir: Path) -> None:
+    """S2-53: the published runs' MFU range (28-49 % on H100, 41-64 % on A100) comes from `validate --json`:
+    measured_mfu is the run file's figure where it states one, else derived by gpufleet's FLOP convention."""
+    from gpufleet.planner.published_runs import load_runs
+
+    ran = gpufleet(seed_dir, "validate", "--json")
+    assert ran.code == 0, ran.stderr
+    rows = {row["id"]: row for row in ran.json()["runs"]}
+    runs = load_runs()
+    stated = {run.id: (run.hardware.gpu, run.measured.mfu) for run in runs if run.measured.mfu is not None}
+    assert len(stated) == 30
+    for run_id, (_, mfu) in stated.items():
+        assert rows[run_id]["measured_mfu"] == mfu and rows[run_id]["measured_mfu_source"] == "run file"
+    by_gpu = {gpu: sorted(m for g, m in stated.values() if g == gpu) for gpu in ("h100-sxm", "a100-sxm-80gb")}
+    assert (by_gpu["h100-sxm"][0], by_gpu["h100-sxm"][-1]) == (0.277, 0.49)
+    assert (by_gpu["a100-sxm-80gb"][0], by_gpu["a100-sxm-80gb"][-1]) == (0.415, 0.6423)
+    published = sorted(rows[run_id]["measured_mfu"] for run_id in stated)
+    assert (published[14] + published[15]) / 2 == pytest.approx(0.4486, abs=0.0001)  # the median of 30
+    predicted = [row for row in rows.values() if row["predicted_tokens_per_s_per_gpu"]]
+    for row in predicted:
+        # derived and predicted MFU share FLOPs per token and peak: their ratio is the tokens/s ratio
+        assert row["measured_mfu_derived"] / row["predicted_mfu"] == pytest.approx(
+            row["target_tokens_per_s_per_gpu"] / row["predicted_tokens_per_s_per_gpu"], rel=1e-9)
+        if row["id"] not in stated:
+            assert row["measured_mfu_source"] == "derived" and row["measured_mfu"] == row["measured_mfu_derived"]
+    # gpufleet's convention counts slightly fewer FLOPs than the sources' (no input embedding): derived <= stated
+    both = [(rows[i]["measured_mfu_derived"], m) for i, (_, m) in stated.items() if rows[i]["measured_mfu_derived"]]
+    gaps = sorted(m - d for d, m in both)
+    assert len(both) >= 25 and gaps[len(gaps) // 2] == pytest.approx(0.013, abs=0.01)

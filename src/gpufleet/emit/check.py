@@ -41,6 +41,9 @@ class CheckReport:
             e = self.expected
             console.print(f"expected on {e['gpus']} x {e['gpu']}: {e['peak_memory_bytes'] / 2**30:.1f} GiB of "
                           f"{e['hbm_bytes'] / 2**30:.0f} GiB per GPU, step {e['step_s']:.2f} s, MFU {e['mfu']:.1%}")
+            if e["bubble_fraction"] > 0:
+                console.print(f"pipeline bubble {e['parts_s'].get('bubble', 0.0):.2f} s = {e['bubble_fraction']:.1%} "
+                              f"of the step ({e['micro_batches']} micro-batches; --json: expected.parts_s)")
         if not self.problems:
             console.print("[green]consistent[/green]")
 
