@@ -165,7 +165,53 @@ def test_check_refuses_unreadable_files_in_one_line(tmp_path: Path) -> None:
     broken = _write(tmp_path / "ds.json", "{ not json")
     assert "not valid JSON" in one_error_line(run_gpufleet("launch", "--check", str(broken)))
     prose = _write(tmp_path / "notes.txt", "just some words\n")
-    assert "not a ds_config JSON" in one_error_line(run_gpufleet("launch", "--check", str(prose)))
+    assert "not a launch file gpufleet reads: expected a ds_config JSON" in one_error_line(
+        run_gpufleet("launch", "--check", str(prose)))
+    # flags, but none Megatron has (a shell command): refused naming what was expected, not read as Megatron
+    shell = _write(tmp_path / "ls.sh", "ls --color=auto --all /tmp\n")
+    line = one_error_line(run_gpufleet("launch", "--check", str(shell)))
+    assert "not a launch file" in line and "Megatron-LM argument list" in line and "srun/sbatch command" in line
+
+
+def test_check_reads_a_bare_srun_line_as_slurm(tmp_path: Path) -> None:
+    # seed 000 l.76: its srun line, alone in a file; 128 nodes x gpu:8 = 1,024 GPUs, 8 tasks per node, block
+    srun = _write(tmp_path / "seed000.sbatch", "# Job submission\nsrun --gres=gpu:8 --ntasks-per-node=8 --nodes=128 "
+                  "--distribution=block:block --network=ib python train.py\n")
+    result = run_gpufleet("launch", "--check", str(srun), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["files"][0]["kind"] == "sbatch" and report["gpus"] == 1024
+    notes = " ".join(report["notes"])
+    assert "--network=ib does nothing here" in notes and "Cray" in notes
+    assert "does not choose contiguous nodes" in notes
+    # the same options as short flags and separate values
+    short = _write(tmp_path / "short.sh", "srun -N 4 --gpus-per-node 8 --ntasks-per-node 8 -m cyclic python t.py\n")
+    assert json.loads(run_gpufleet("launch", "--check", str(short), "--json").stdout)["gpus"] == 32
+
+
+@pytest.mark.parametrize(("distribution", "tp", "verdict"), [
+    ("block", 8, "consistent"), ("block:cyclic", 8, "consistent"),  # the second method binds CPUs, not ranks
+    ("cyclic", 8, "tensor-parallel group of 8 spans more than one node"),
+    ("cyclic", 1, "consecutive ranks on different nodes"),
+    ("plane=4", 8, "tensor-parallel group of 8 spans more than one node"),
+    ("plane=4", 4, "consistent"),  # tp 4 stays in a node; a note says the order is not block
+])
+def test_check_distribution_against_the_plans_block_order(tmp_path: Path, distribution: str, tp: int,
+                                                          verdict: str) -> None:
+    sbatch = _write(tmp_path / "job.sbatch", "#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --gpus-per-node=8\n"
+                    f"#SBATCH --ntasks-per-node=8\n#SBATCH --distribution={distribution}\nsrun python t.py\n")
+    args = _write(tmp_path / "m.args", f"--tensor-model-parallel-size {tp} --micro-batch-size 1 "
+                  "--global-batch-size 64\n")
+    result = run_gpufleet("launch", "--check", str(sbatch), str(args), "--json")
+    report = json.loads(result.stdout)
+    if verdict == "consistent":
+        assert result.returncode == 0 and report["consistent"], report["problems"]
+    else:
+        assert result.returncode == 1 and any(verdict in problem for problem in report["problems"]), report
+    # with one task per node torchrun numbers the GPUs itself: the distribution cannot split a group
+    per_node = _write(tmp_path / "one.sbatch", "#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --gpus-per-node=8\n"
+                      f"#SBATCH --ntasks-per-node=1\n#SBATCH --distribution={distribution}\nsrun torchrun t.py\n")
+    assert run_gpufleet("launch", "--check", str(per_node), str(args)).returncode == 0
 
 
 def test_scheduler_targets_get_the_framework_command_and_are_found_whatever_their_emitter_is_called(

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
 import shlex
 from collections import Counter
@@ -245,9 +246,9 @@ def gpufleet(folder: Path, *args: str) -> Ran:
 
 
 def test_doc_seed_files_present() -> None:
-    """The three configurations the seeds print are in the doc, where the commands below read them."""
+    """The four configurations the seeds print are in the doc, where the commands below read them."""
     names = {match["name"] for match in _SEED_FILE.finditer(DOC.read_text(encoding="utf-8"))}
-    assert names == {"ds_seed000.json", "megatron_seed002.args", "moe-1t.yaml"}
+    assert names == {"ds_seed000.json", "megatron_seed002.args", "moe-1t.yaml", "seed000.sbatch"}
 
 
 def test_doc_verdict_counts_match_the_claims() -> None:
@@ -381,6 +382,14 @@ def test_s2_21_s2_22_megatron_bubble(seed_dir: Path) -> None:
     bubble_ratio = (m_large / (m_large + p - 1)) / (m_small / (m_small + p - 1))
     per_gpu = (large["tokens_per_s"] / 1024) / (small["tokens_per_s"] / 128)
     assert per_gpu == pytest.approx(bubble_ratio, rel=0.02)  # 0.717 against 0.721
+    # launch --check prints the bubble of this pinned layout: (p-1) mean-stage slots, a share of the step just under
+    # the pure-pipeline (p-1)/(m+p-1), since the step also holds the slowest stage's excess and the optimizer
+    for seen, m in ((small, m_small), (large, m_large)):
+        assert seen["micro_batches"] == m
+        assert seen["bubble_fraction"] == pytest.approx(seen["parts_s"]["bubble"] / seen["step_s"])
+        assert 0.9 * (p - 1) / (m + p - 1) < seen["bubble_fraction"] < (p - 1) / (m + p - 1)
+    assert small["parts_s"]["bubble"] == pytest.approx(large["parts_s"]["bubble"])  # same stages, same micro-batch
+    assert (round(small["bubble_fraction"], 3), round(large["bubble_fraction"], 3)) == (0.053, 0.303)  # guard
     assert small["tokens_per_s"] == pytest.approx(1024 * 2048 / small["step_s"])
     # regression guard: the figures the doc quotes
     assert (round(small["step_s"], 2), round(small["mfu"], 3)) == (40.05, 0.439)
@@ -507,3 +516,103 @@ def test_s0_19_s2_14_data_rate_and_steps(seed_dir: Path) -> None:
     assert iops == pytest.approx(8.5, abs=0.1) and 100_000 / iops > 10_000
     assert plan["step_s"] == pytest.approx(0.47, abs=0.005)
     assert 1 / plan["step_s"] < 100 / 40
+
+
+# ---- what `docs/seed-claims.md` once listed as not reproducible ----------------------------------------------------
+
+
+def _doctor_env(seed_dir: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`gpufleet doctor --json` with `env` set, on a node whose sysfs shows no RDMA port (an empty --sysfs-root)."""
+    sysfs = seed_dir / "empty-sysfs"
+    sysfs.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith(("NCCL_", "PYTORCH_"))]:
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        ran = gpufleet(seed_dir, "doctor", "--sysfs-root", str(sysfs), "--json")
+    assert ran.code in (0, 1), ran.stderr  # this host's own checks (clock sync…) may fail
+    return {row["id"]: row for row in ran.json()["checks"]}
+
+
+SEED_NCCL = {"NCCL_IB_GID_INDEX": "3", "NCCL_NTHREADS": "256", "NCCL_IB_SL": "0", "NCCL_IB_QPS_PER_CONNECTION": "8",
+             "NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"}
+
+
+def test_s0_17_s2_33_doctor_reads_the_seeds_nccl_settings(seed_dir: Path) -> None:
+    """S0-17: every one of the seed's six names is NCCL's; IB_SL=0 is its default; the HCA list cannot be compared
+    without visible ports. S2-33: NCCL_TIMEOUT is no NCCL variable."""
+    found = _doctor_env(seed_dir, {**SEED_NCCL, "NCCL_TIMEOUT": "60"})
+    nccl = found["nccl-env"]
+    assert nccl["status"] == "warn"
+    ids = sorted(f["id"] for f in nccl["findings"])
+    assert ids == ["nccl-env-default", "nccl-env-unknown"]  # IB_SL=0; NCCL_TIMEOUT — the other five are NCCL's
+    assert "NCCL_TIMEOUT is not an NCCL variable" in nccl["message"]
+    assert "NCCL_IB_SL=0 is NCCL's default (no effect)" in nccl["message"]
+    assert found["nccl-ib-hca"]["status"] == "skip" and "could not be checked" in found["nccl-ib-hca"]["message"]
+
+
+def test_s2_36_doctor_says_expandable_segments_false_is_the_default(seed_dir: Path) -> None:
+    """S2-36: the seed's second export, `expandable_segments:False`, is PyTorch's default: a no-op."""
+    found = _doctor_env(seed_dir, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})["allocator-env"]
+    assert found["status"] == "ok" and "PyTorch's default: no effect" in found["message"]
+    first = _doctor_env(seed_dir, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})["allocator-env"]
+    assert first["status"] == "ok" and "default" not in first["message"]
+
+
+def test_s0_23_the_seeds_srun_line_is_read_as_slurm(seed_dir: Path) -> None:
+    """S0-23: the srun line alone is a Slurm launch: 128 nodes x 8 GPUs, block order; --network=ib does nothing
+    off a Cray, and --distribution=block chooses no nodes."""
+    ran = gpufleet(seed_dir, "launch", "--check", "seed000.sbatch", "--json")
+    assert ran.code == 0, ran.stderr
+    report = ran.json()
+    assert report["files"][0]["kind"] == "sbatch" and report["gpus"] == 128 * 8
+    notes = " ".join(report["notes"])
+    assert "--network=ib does nothing here" in notes and "does not choose contiguous nodes" in notes
+
+
+def test_s2_09_b200_cloud_prices_without_a_purchase_price(seed_dir: Path) -> None:
+    """S2-09: B200 against H100 on Lambda is 6.69 / 3.99 = 1.68x, not 3x; `cost --gpu b200` prices the offers and
+    says the on-prem side has no DGX B200 purchase price."""
+    ran = gpufleet(seed_dir, "cost", "--gpu", "b200", "--gpu-hours", "1e6", "--json")
+    assert ran.code == 0, ran.stderr
+    data = ran.json()
+    lambda_b200 = next(o for o in data["offers"] if o["name"] == "lambda-b200-on-demand")
+    assert lambda_b200["usd"] == pytest.approx(6.69 * 1e6)
+    h100 = gpufleet(seed_dir, "cost", "--gpu", "h100-sxm", "--gpu-hours", "1e6", "--json").json()
+    lambda_h100 = next(o for o in h100["offers"] if o["name"] == "lambda-h100-on-demand")
+    assert lambda_b200["usd_per_gpu_hour"] / lambda_h100["usd_per_gpu_hour"] == pytest.approx(1.68, abs=0.005)
+    assert data["onprem"] is None and "dgx-b200" in data["onprem_missing"]
+    table = gpufleet(seed_dir, "cost", "--gpu", "b200", "--gpu-hours", "1e6")
+    assert table.code == 0 and "On-prem 512 GPUs not priced: no purchase price" in " ".join(table.stdout.split())
+
+
+def test_s2_53_validate_carries_each_runs_mfu(seed_dir: Path) -> None:
+    """S2-53: the published runs' MFU range (28-49 % on H100, 41-64 % on A100) comes from `validate --json`:
+    measured_mfu is the run file's figure where it states one, else derived by gpufleet's FLOP convention."""
+    from gpufleet.planner.published_runs import load_runs
+
+    ran = gpufleet(seed_dir, "validate", "--json")
+    assert ran.code == 0, ran.stderr
+    rows = {row["id"]: row for row in ran.json()["runs"]}
+    runs = load_runs()
+    stated = {run.id: (run.hardware.gpu, run.measured.mfu) for run in runs if run.measured.mfu is not None}
+    assert len(stated) == 30
+    for run_id, (_, mfu) in stated.items():
+        assert rows[run_id]["measured_mfu"] == mfu and rows[run_id]["measured_mfu_source"] == "run file"
+    by_gpu = {gpu: sorted(m for g, m in stated.values() if g == gpu) for gpu in ("h100-sxm", "a100-sxm-80gb")}
+    assert (by_gpu["h100-sxm"][0], by_gpu["h100-sxm"][-1]) == (0.277, 0.49)
+    assert (by_gpu["a100-sxm-80gb"][0], by_gpu["a100-sxm-80gb"][-1]) == (0.415, 0.6423)
+    published = sorted(rows[run_id]["measured_mfu"] for run_id in stated)
+    assert (published[14] + published[15]) / 2 == pytest.approx(0.4486, abs=0.0001)  # the median of 30
+    predicted = [row for row in rows.values() if row["predicted_tokens_per_s_per_gpu"]]
+    for row in predicted:
+        # derived and predicted MFU share FLOPs per token and peak: their ratio is the tokens/s ratio
+        assert row["measured_mfu_derived"] / row["predicted_mfu"] == pytest.approx(
+            row["target_tokens_per_s_per_gpu"] / row["predicted_tokens_per_s_per_gpu"], rel=1e-9)
+        if row["id"] not in stated:
+            assert row["measured_mfu_source"] == "derived" and row["measured_mfu"] == row["measured_mfu_derived"]
+    # gpufleet's convention counts slightly fewer FLOPs than the sources' (no input embedding): derived <= stated
+    both = [(rows[i]["measured_mfu_derived"], m) for i, (_, m) in stated.items() if rows[i]["measured_mfu_derived"]]
+    gaps = sorted(m - d for d, m in both)
+    assert len(both) >= 25 and gaps[len(gaps) // 2] == pytest.approx(0.013, abs=0.01)

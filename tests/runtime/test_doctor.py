@@ -68,6 +68,9 @@ def test_doctor_never_changes_the_node_and_only_queries(tmp_path: Path) -> None:
     ({"environ": {"NCCL_IB_DISABLE": "1"}}, "nccl-env", "fail", "NCCL_IB_DISABLE=1"),
     ({"environ": {"NCCL_SOCKET_IFNAME": "bond9"}}, "nccl-env", "fail", "matches no interface"),
     ({"environ": {"NCCL_ALGO": "Tree"}}, "nccl-env", "warn", "NCCL_ALGO=Tree"),
+    ({"environ": {"NCCL_TIMEOUT": "60"}}, "nccl-env", "warn", "NCCL_TIMEOUT is not an NCCL variable"),
+    ({"environ": {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}}, "nccl-ib-hca", "warn", "selects 2 of the node's 8 RDMA ports"),
+    ({"environ": {"NCCL_IB_HCA": "=mlx5_9"}}, "nccl-ib-hca", "fail", "falls back to TCP"),
     ({"environ": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"}}, "allocator-env", "warn",
      "expandable_segment"),
     ({"memlock": "65536"}, "memlock", "fail", "64 KiB"),
@@ -91,6 +94,61 @@ def test_bracketed_allocator_values_and_chrony_and_need_free(tmp_path: Path) -> 
     found = checks(node, tmp_path, need_free_bytes=8 * TiB)
     assert found["allocator-env"].status == "ok" and found["clock-sync"].status == "ok"
     assert found["disk-space"].status == "fail" and "need 8 TiB" in found["disk-space"].message
+
+
+def test_nccl_names_are_checked_against_nccls_documented_list(tmp_path: Path) -> None:
+    # the seed's snippet (seed 000 l.32-39) plus NCCL_TIMEOUT (seed 002 l.124) and a misspelt real name
+    env = {"NCCL_IB_GID_INDEX": "3", "NCCL_NTHREADS": "256", "NCCL_IB_SL": "0", "NCCL_IB_QPS_PER_CONNECTION": "8",
+           "NCCL_DEBUG": "INFO", "NCCL_TIMEOUT": "60", "NCCL_SOCKET_IFACE": "eth0", "NCCL_ASYNC_ERROR_HANDLING": "1",
+           "NCCL_IB_TIMEOUT": "0x14", "NCCL_LL_THRESHOLD": "0"}
+    found = checks(FakeNode(tmp_path / "node", environ=env), tmp_path)["nccl-env"]
+    assert found.status == "warn"
+    by_id: dict[str, list[str]] = {}
+    for finding in found.findings:
+        by_id.setdefault(finding.id, []).append(finding.message)
+    unknown = " ".join(by_id["nccl-env-unknown"])
+    assert len(by_id["nccl-env-unknown"]) == 3  # NCCL_TIMEOUT, NCCL_SOCKET_IFACE, NCCL_ASYNC_ERROR_HANDLING
+    assert "NCCL_TIMEOUT is not an NCCL variable" in unknown and "init_process_group(timeout" in unknown
+    assert "NCCL_SOCKET_IFACE is not an NCCL variable" in unknown and "nearest NCCL variable: NCCL_SOCKET_IFNAME" \
+        in unknown
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in unknown
+    # the page's defaults: IB_SL 0 and IB_TIMEOUT 20 (= 0x14) change nothing; 3, 256, 8, INFO are real settings
+    assert sorted(by_id["nccl-env-default"]) == ["NCCL_IB_SL=0 is NCCL's default (no effect)",
+                                                 "NCCL_IB_TIMEOUT=0x14 is NCCL's default (no effect)"]
+    assert by_id["nccl-env-removed"] == ["NCCL_LL_THRESHOLD=0: removed in NCCL 2.5, no effect on a current NCCL"]
+    assert "NCCL_IB_SL=0 is NCCL's default" in found.message
+
+
+def test_documented_real_names_raise_nothing(tmp_path: Path) -> None:
+    env = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7",
+           "NCCL_IB_GID_INDEX": "3", "NCCL_DEBUG": "WARN", "NCCL_IB_QPS_PER_CONNECTION": "4"}  # gpufleet's nccl.env
+    found = checks(FakeNode(tmp_path / "node", environ=env), tmp_path)
+    assert found["nccl-env"].status == "ok" and found["nccl-env"].findings == ()
+    assert found["nccl-ib-hca"].status == "ok" and found["nccl-ib-hca"].figures == {"ports_selected": 8,
+                                                                                   "ports_present": 8}
+
+
+def test_ib_hca_ports_prefixes_and_exclusion(tmp_path: Path) -> None:
+    ports = {f"mlx5_{i}": ("4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)") for i in (0, 1, 10, 11)}
+    for hca, selected in (("mlx5_1", 3),  # a prefix: mlx5_1, mlx5_10, mlx5_11 (NCCL's own warning)
+                          ("=mlx5_1", 1), ("^=mlx5_0", 3), ("mlx5_0:1,mlx5_1:1", 4), ("=mlx5_0:2", 0)):
+        found = checks(FakeNode(tmp_path / hca, ib_ports=ports, environ={"NCCL_IB_HCA": hca}), tmp_path)
+        assert found["nccl-ib-hca"].figures.get("ports_selected") == selected, (hca, found["nccl-ib-hca"])
+
+
+def test_ib_hca_without_visible_ports_says_it_could_not_check(tmp_path: Path) -> None:
+    node = FakeNode(tmp_path / "node", ib_ports={}, environ={"NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"})
+    found = checks(node, tmp_path)["nccl-ib-hca"]
+    assert found.status == "skip" and "could not be checked" in found.message and found.fix
+
+
+@pytest.mark.parametrize(("conf", "default_noted"), [
+    ("expandable_segments:False", True), ("expandable_segments:false", True), ("backend:native", True),
+    ("expandable_segments:True", False), ("max_split_size_mb:128", False)])
+def test_allocator_settings_that_are_pytorchs_default_say_so(tmp_path: Path, conf: str, default_noted: bool) -> None:
+    found = checks(FakeNode(tmp_path / "node", environ={"PYTORCH_CUDA_ALLOC_CONF": conf}), tmp_path)["allocator-env"]
+    assert found.status == "ok"
+    assert ("PyTorch's default: no effect" in found.message) == default_noted
 
 
 def test_a_cpu_node_skips_what_it_lacks_and_memlock_only_warns(tmp_path: Path) -> None:
@@ -148,6 +206,8 @@ def test_cli_on_a_broken_fake_node_exits_1_naming_each_failure(tmp_path: Path) -
     assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)
     assert set(data["failed"]) == {"ecc", "nvlink", "nccl-env", "memlock"}
+    nccl_env = next(row for row in data["checks"] if row["id"] == "nccl-env")
+    assert nccl_env["findings"] == []  # NCCL_IB_DISABLE=1 is a real, non-default setting
     [line] = result.stderr.splitlines()
     assert "4 failed" in line and all(name in line for name in ("ecc", "nvlink", "nccl-env", "memlock"))
     table = run_gpufleet(*args, env=env)

@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
         )
         compared = compare_costs(cat, CostRequest(gpu, hours, spec, gpus, defaults, node_network(cat, spec),
                                                   tuple(pricing or ()), offer_name, size_known))
-        costs, skipped, tco, against = compared.costs, list(compared.skipped), compared.tco, compared.against
+        costs, skipped = compared.costs, list(compared.skipped)
         u, rate = compared.utilization, compared.onprem_usd_per_gpu_hour
         onprem = compared.onprem_dict()
         data: dict[str, Any] = {
@@ -163,6 +163,7 @@ def register(app: typer.Typer) -> None:
             "skipped_offers": [{"name": o.name, "max_gpus": o.max_gpus, "beyond": o.beyond, "reason": o.reason}
                                for o in skipped],
             "onprem": onprem,
+            "onprem_missing": compared.onprem_missing,
         }
 
         def render(console: Console) -> None:
@@ -171,21 +172,11 @@ def register(app: typer.Typer) -> None:
                 table.add_column(column, justify="right" if "$" in column else "left")
             for c in costs:
                 table.add_row(c.name, c.pricing, f"{c.usd_per_gpu_hour:.2f}", f"{c.usd:,.0f}", c.as_of)
-            table.add_row("on-prem", f"{u:.0%} utilized", f"{rate:.2f}", f"{rate * hours:,.0f}", "estimate")
+            if rate is not None:
+                table.add_row("on-prem", f"{u:.0%} utilized", f"{rate:.2f}", f"{rate * hours:,.0f}", "estimate")
             console.print(table)
             if skipped:
                 console.print(describe_skipped(skipped, gpus))
-            months = onprem["breakeven_months"]
-            breakeven = onprem["breakeven_utilization"]
-            console.print(
-                f"On-prem {gpus} GPUs: capex ${tco.capex.total_usd:,.0f}, ${tco.annual_usd(u):,.0f}/year at "
-                f"{u:.0%}. Against {against.id} (${against.usd_per_gpu_hour:g}/GPU-h): break-even at "
-                + (f"{breakeven:.0%} utilization" if breakeven is not None else "no utilization <= 100%")
-                + (
-                    f", capex repaid in {months:.1f} months at {u:.0%}."
-                    if months is not None
-                    else "; the cloud is cheaper to run."
-                )
-            )
+            console.print(compared.onprem_line())
 
         Output(json).emit(data, render)

@@ -143,8 +143,8 @@ Examples:
 
 
 def _check_rows(report: NodeReport) -> list[dict[str, Any]]:
-    return [{"id": c.id, "status": c.status, "message": c.message, "fix": c.fix, "figures": c.figures}
-            for c in report.checks]
+    return [{"id": c.id, "status": c.status, "message": c.message, "fix": c.fix, "figures": c.figures,
+             "findings": _finding_rows(c.findings)} for c in report.checks]
 
 
 def _render_checks(host: str, rows: list[dict[str, Any]]) -> Any:

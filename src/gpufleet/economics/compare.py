@@ -40,33 +40,51 @@ class CostRequest:
 
 @dataclass(frozen=True)
 class CostComparison:
-    """Every offer's bill (cheapest first), the offers too small for the cluster, and the owned cluster's."""
+    """Every offer's bill (cheapest first), the offers too small for the cluster, and the owned cluster's (None,
+    with `onprem_missing` saying why, when the catalog cannot price it: no purchase price for its node)."""
 
     request: CostRequest
     costs: tuple[OfferCost, ...]
     skipped: tuple[SkippedOffer, ...]
-    tco: OnPremTco
+    tco: OnPremTco | None
     against: CloudOffer
+    onprem_missing: str | None = None
 
     @property
     def utilization(self) -> float:
         return self.request.defaults.fleet_utilization
 
     @property
-    def onprem_usd_per_gpu_hour(self) -> float:
-        return self.tco.usd_per_gpu_hour(self.utilization)
+    def onprem_usd_per_gpu_hour(self) -> float | None:
+        return None if self.tco is None else self.tco.usd_per_gpu_hour(self.utilization)
 
     @property
     def breakeven_utilization(self) -> float | None:
-        return self.tco.breakeven_utilization(self.against.usd_per_gpu_hour)
+        return None if self.tco is None else self.tco.breakeven_utilization(self.against.usd_per_gpu_hour)
 
     @property
     def breakeven_months(self) -> float | None:
+        if self.tco is None:
+            return None
         return self.tco.breakeven_months(self.against.usd_per_gpu_hour, self.utilization)
 
-    def onprem_dict(self) -> dict[str, Any]:
-        """The owned cluster's figures as `cost --json` writes them ("onprem")."""
+    def onprem_line(self) -> str:
+        """One sentence on the owned cluster: its capex, yearly cost and break-even, or what it lacks."""
+        tco, u, gpus = self.tco, self.utilization, self.request.gpus
+        if tco is None:
+            return f"On-prem {gpus} GPUs not priced: {self.onprem_missing}. The cloud offers above stand alone."
+        months, breakeven = self.breakeven_months, self.breakeven_utilization
+        return (f"On-prem {gpus} GPUs: capex ${tco.capex.total_usd:,.0f}, ${tco.annual_usd(u):,.0f}/year at "
+                f"{u:.0%}. Against {self.against.id} (${self.against.usd_per_gpu_hour:g}/GPU-h): break-even at "
+                + (f"{breakeven:.0%} utilization" if breakeven is not None else "no utilization <= 100%")
+                + (f", capex repaid in {months:.1f} months at {u:.0%}." if months is not None
+                   else "; the cloud is cheaper to run."))
+
+    def onprem_dict(self) -> dict[str, Any] | None:
+        """The owned cluster's figures as `cost --json` writes them ("onprem"; null when it is not priced)."""
         tco, u, rate = self.tco, self.utilization, self.onprem_usd_per_gpu_hour
+        if tco is None or rate is None:
+            return None
         return {
             "gpus": self.request.gpus,
             "node": self.request.node.id,
@@ -113,5 +131,9 @@ def compare_costs(catalog: Catalog, request: CostRequest) -> CostComparison:
     against = offer(catalog, request.against) if request.against else reference_offer(catalog, request.gpu)
     if against.gpu != request.gpu:
         raise InputError(f"--offer {against.id} rents {against.gpu}, not {request.gpu}")
-    tco = onprem_tco(catalog, request.node, request.gpus, request.defaults, request.network)
-    return CostComparison(request, tuple(costs), tuple(skipped), tco, against)
+    try:
+        tco: OnPremTco | None = onprem_tco(catalog, request.node, request.gpus, request.defaults, request.network)
+        missing = None
+    except CatalogError as error:  # no purchase price for the node (or its switches): price the offers alone
+        tco, missing = None, str(error).split(";")[0]
+    return CostComparison(request, tuple(costs), tuple(skipped), tco, against, missing)

@@ -41,6 +41,9 @@ class CheckReport:
             e = self.expected
             console.print(f"expected on {e['gpus']} x {e['gpu']}: {e['peak_memory_bytes'] / 2**30:.1f} GiB of "
                           f"{e['hbm_bytes'] / 2**30:.0f} GiB per GPU, step {e['step_s']:.2f} s, MFU {e['mfu']:.1%}")
+            if e["bubble_fraction"] > 0:
+                console.print(f"pipeline bubble {e['parts_s'].get('bubble', 0.0):.2f} s = {e['bubble_fraction']:.1%} "
+                              f"of the step ({e['micro_batches']} micro-batches; --json: expected.parts_s)")
         if not self.problems:
             console.print("[green]consistent[/green]")
 
@@ -106,6 +109,38 @@ def _check_batch(item: ReadConfig, dp: int | None, report: CheckReport) -> None:
         report.problems.append(f"{name}: micro-batch {micro:g} is not a whole number")
 
 
+def _check_placement(files: list[ReadConfig], degrees: dict[str, int], report: CheckReport) -> None:
+    """Slurm's --distribution against the plan's rank order: gpufleet places consecutive ranks on one node (tensor
+    parallelism innermost, on NVLink), which is Slurm's block distribution. cyclic deals consecutive ranks to
+    different nodes; plane=N keeps N together."""
+    tp = degrees.get("tp", 1)
+    for item in files:
+        together, per_node = item.ranks_per_node_block, item.tasks_per_node
+        if item.kind != "sbatch" or item.distribution is None or together is None:
+            continue
+        if per_node is None:
+            if together == 1:
+                report.notes.append(f"{item.path.name}: --distribution={item.distribution} not checked: no "
+                                    "--ntasks-per-node (with one task per GPU it puts consecutive ranks on different "
+                                    "nodes)")
+            continue
+        if per_node <= 1 or together >= per_node:
+            continue  # one task per node (torchrun numbers the GPUs), or block
+        where = (f"--distribution={item.distribution} keeps {together} consecutive rank(s) on a node of "
+                 f"{per_node} tasks")
+        if together % tp:
+            report.problems.append(f"{item.path.name}: {where}, so each tensor-parallel group of {tp} spans more "
+                                   "than one node and rides the network, not NVLink; use --distribution=block (the "
+                                   "plan's rank order)")
+        elif tp == 1 and together == 1:
+            report.problems.append(f"{item.path.name}: {where}: consecutive ranks on different nodes, not the block "
+                                   "order gpufleet's plans assume (pipeline and data-parallel neighbours on one "
+                                   "node); use --distribution=block")
+        else:
+            report.notes.append(f"{item.path.name}: {where}: tensor-parallel groups of {tp} stay in a node, but the "
+                                "rank order is not the block order the plan's other groups assume")
+
+
 def _torchtitan_dims(files: list[ReadConfig], gpus: int | None, report: CheckReport) -> None:
     from gpufleet.emit.read_torchtitan import parallel_dims
 
@@ -130,6 +165,7 @@ def check_files(catalog: Catalog, paths: list[Path], model: str | None, gpu: str
     dp = _check_degrees(degrees, report.gpus, report)
     for item in files:
         _check_batch(item, dp, report)
+    _check_placement(files, degrees, report)
     _torchtitan_dims(files, report.gpus, report)
     if model is None:
         report.notes.append("memory, step time and MFU not estimated: give --model")

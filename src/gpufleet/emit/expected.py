@@ -38,4 +38,6 @@ def expected_step(catalog: Catalog, model_id: str, gpu_id: str, gpus: int, degre
     step = estimate_step(job, layout, cluster, calibration, options)
     return {"model": model_id, "gpu": cluster.gpu.id, "gpus": gpus, "layout": layout.short(),
             "peak_memory_bytes": memory.total_bytes, "hbm_bytes": cluster.gpu.hbm_bytes, "step_s": step.step_s,
-            "mfu": step.mfu, "tokens_per_s": step.tokens_per_s}
+            "mfu": step.mfu, "tokens_per_s": step.tokens_per_s, "micro_batches": step.micro_batches,
+            "bubble_fraction": step.bubble_fraction,
+            "parts_s": {name: part.exposed_s for name, part in step.parts.items() if part.total_s > 0}}

@@ -35,6 +35,11 @@ class ReadConfig:
     recompute: str | None = None
     precision: str | None = None
     model_shape: dict[str, int] = field(default_factory=dict)  # num_layers, hidden_size … (Megatron)
+    #: Slurm: how many consecutive ranks share a node under its --distribution (block: the tasks per node; cyclic:
+    #: 1; plane=N: N), None when not known; and the --distribution text as written
+    ranks_per_node_block: int | None = None
+    distribution: str | None = None
+    tasks_per_node: int | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: the framework's own parsed config object, where its parser ran (torchtitan's Trainer.Config)
@@ -46,8 +51,35 @@ def read_text(path: Path) -> str:
     return input_files.read_text(path, "config file")
 
 
+#: What `launch --check` reads, for the one line that refuses anything else.
+EXPECTED = ("a ds_config JSON object, a Megatron-LM argument list (--tensor-model-parallel-size …), a torchtitan "
+            "config module or a Slurm script (#SBATCH lines or an srun/sbatch command)")
+#: Megatron-LM flags (argparse dests) one of which any Megatron argument list has: the parallel degrees, the model
+#: shape and batch (megatron/training/arguments.py); read_megatron.TRAINING_FLAGS adds the rest it knows.
+MEGATRON_SIGNATURE = frozenset({
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "expert_model_parallel_size", "num_layers", "hidden_size", "num_attention_heads", "sequence_parallel",
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "ffn_hidden_size", "num_query_groups",
+})
+_SLURM_COMMAND = re.compile(r"^\s*(?:exec\s+)?(srun|sbatch|salloc)\s", re.MULTILINE)
+
+
+def _megatron_like(tokens: list[str]) -> bool:
+    from gpufleet.emit.read_megatron import TRAINING_FLAGS, parse_flags
+
+    return bool(set(parse_flags(tokens)) & (MEGATRON_SIGNATURE | TRAINING_FLAGS))
+
+
+def _tokens(text: str) -> list[str]:
+    try:
+        return shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError:  # an unbalanced quote: not an argument list
+        return []
+
+
 def kind_of(path: Path, text: str) -> Kind:
-    """Which format `path` holds: by its content first (JSON object, #SBATCH lines, a torchtitan import, flags)."""
+    """Which format `path` holds, by its content: a JSON object, #SBATCH lines, a torchtitan import, a Megatron
+    argument list (flags Megatron has), an srun/sbatch command line; anything else is one line naming these."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
         return "deepspeed"
@@ -55,10 +87,12 @@ def kind_of(path: Path, text: str) -> Kind:
         return "sbatch"
     if "torchtitan" in text and re.search(r"^(from|import)\s", text, re.MULTILINE):
         return "torchtitan"
-    if re.search(r"(^|\s)--[a-z][a-z0-9-]*", text):
-        return "megatron"
-    raise InputError(f"{path}: not a ds_config JSON, a Megatron argument list, a torchtitan config module or an "
-                     "sbatch script")
+    tokens = _tokens(text)
+    if re.search(r"(^|\s)--[a-z][a-z0-9-]*", text) and _megatron_like(tokens):
+        return "megatron"  # also `srun … pretrain_gpt.py --tensor-model-parallel-size …`: its Megatron flags
+    if _SLURM_COMMAND.search(text):
+        return "sbatch"
+    raise InputError(f"{path}: not a launch file gpufleet reads: expected {EXPECTED}")
 
 
 def _silenced(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -74,12 +108,50 @@ def one_line(error: BaseException) -> str:
 # --- sbatch ---------------------------------------------------------------------------------------------------------
 
 _SBATCH_FLAG = re.compile(r"^#SBATCH\s+(--?[A-Za-z-]+)(?:[=\s]+(\S+))?", re.MULTILINE)
+#: srun/sbatch options that take a value (`--opt V` as well as `--opt=V`; sbatch(1), srun(1) of Slurm 22.05); any
+#: other option is read as a switch.
+_VALUED = frozenset({
+    "--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gres", "--gpus", "-G", "--gpus-per-node",
+    "--gpus-per-task", "--distribution", "-m", "--network", "--partition", "-p", "--time", "-t", "--account", "-A",
+    "--job-name", "-J", "--cpus-per-task", "-c", "--mem", "--switches", "--nodelist", "-w", "--exclude", "-x",
+    "--output", "-o", "--error", "-e", "--constraint", "-C", "--qos", "-q", "--reservation", "--mpi", "--export",
+    "--container-image", "--container-mounts", "--cpu-bind", "--mem-per-gpu", "--chdir", "-D",
+})
+
+
+def _command_options(tokens: list[str]) -> dict[str, str]:
+    """The options of one srun/sbatch/salloc command, up to the program it runs."""
+    values: dict[str, str] = {}
+    index = 1
+    while index < len(tokens) and tokens[index].startswith("-"):
+        token = tokens[index]
+        index += 1
+        name, sep, value = token.partition("=")
+        if not sep and len(name) > 2 and not name.startswith("--") and name[:2] in _VALUED:  # -N128
+            name, value, sep = name[:2], name[2:], "="
+        if not sep and name in _VALUED and index < len(tokens):
+            value = tokens[index]
+            index += 1
+        values[name] = value
+    return values
+
+
+def slurm_options(text: str) -> dict[str, str]:
+    """Options from the #SBATCH lines, then from each srun/sbatch/salloc command line (a later one wins)."""
+    values = {flag: value or "" for flag, value in _SBATCH_FLAG.findall(text)}
+    for line in text.replace("\\\n", " ").splitlines():
+        if _SLURM_COMMAND.match(line + " "):
+            tokens = _tokens(line)
+            tokens = tokens[1:] if tokens[:1] == ["exec"] else tokens
+            values.update(_command_options(tokens))
+    return values
 
 
 def read_sbatch(path: Path, text: str) -> ReadConfig:
-    """Nodes and GPUs per node from the #SBATCH lines (-N/--nodes, --gpus-per-node, --gres=gpu:[type:]N, --gpus)."""
+    """Nodes and GPUs per node (-N/--nodes, --gpus-per-node, --gres=gpu:[type:]N, --gpus), tasks per node and the
+    task distribution, from #SBATCH lines and srun command lines."""
     found = ReadConfig(path, "sbatch")
-    values = {flag: value or "" for flag, value in _SBATCH_FLAG.findall(text)}
+    values = slurm_options(text)
     nodes_text = values.get("--nodes") or values.get("-N")
     nodes = int(nodes_text.split("-")[0]) if nodes_text and nodes_text.split("-")[0].isdigit() else None
     per_node: int | None = None
@@ -88,18 +160,45 @@ def read_sbatch(path: Path, text: str) -> ReadConfig:
     elif (gres := re.search(r"gpu(?::[\w-]+)?:(\d+)", values.get("--gres", ""))) is not None:
         per_node = int(gres.group(1))
     if nodes is None:
-        found.problems.append(f"{path.name}: no #SBATCH --nodes line")
+        found.problems.append(f"{path.name}: no --nodes (-N) option")
     if per_node is not None and nodes is not None:
         found.gpus = nodes * per_node
-    elif values.get("--gpus", "").split(":")[-1].isdigit():
-        found.gpus = int(values["--gpus"].split(":")[-1])
+    elif (values.get("--gpus") or values.get("-G") or "").split(":")[-1].isdigit():
+        found.gpus = int((values.get("--gpus") or values.get("-G") or "").split(":")[-1])
     else:
-        found.problems.append(f"{path.name}: no #SBATCH --gpus-per-node, --gres=gpu:N or --gpus line")
+        found.problems.append(f"{path.name}: no --gpus-per-node, --gres=gpu:N or --gpus option")
     tasks = values.get("--ntasks-per-node", "")
     if per_node and tasks.isdigit() and int(tasks) not in (1, per_node):
         found.problems.append(f"{path.name}: --ntasks-per-node={tasks} is neither 1 (torchrun per node) nor the "
                               f"{per_node} GPUs per node (one task per GPU)")
+    found.tasks_per_node = int(tasks) if tasks.isdigit() else None
+    _read_distribution(found, values.get("--distribution") or values.get("-m"), found.tasks_per_node)
+    if (network := values.get("--network")) is not None:
+        found.notes.append(f"--network={network} does nothing here: sbatch(1)/srun(1) support it only when running "
+                           "Slurm on a Cray natively (network performance counters); NCCL picks the fabric itself "
+                           "(NCCL_IB_HCA, NCCL_SOCKET_IFNAME)")
     return found
+
+
+def _read_distribution(found: ReadConfig, distribution: str | None, tasks_per_node: int | None) -> None:
+    """--distribution's first method (tasks to nodes; sbatch(1)): block keeps consecutive ranks on one node,
+    cyclic deals them round-robin over the nodes, plane=N in blocks of N. The default with more tasks than nodes
+    is block."""
+    found.distribution = distribution
+    method = (distribution or "block").split(":")[0].split(",")[0]
+    if method in ("block", "*", ""):
+        found.ranks_per_node_block = tasks_per_node
+        if distribution:
+            found.notes.append(f"--distribution={distribution}: tasks in block order over the nodes Slurm allocated "
+                               "(what gpufleet's plans assume); it does not choose contiguous nodes — that is "
+                               "TopologyPlugin=topology/tree with --switches")
+    elif method == "cyclic":
+        found.ranks_per_node_block = 1
+    elif method.startswith("plane="):
+        size = method.removeprefix("plane=")
+        found.ranks_per_node_block = int(size) if size.isdigit() else None
+    else:
+        found.notes.append(f"--distribution={distribution}: task placement not checked (arbitrary: SLURM_HOSTFILE)")
 
 
 def read_file(path: Path) -> ReadConfig:
@@ -120,4 +219,4 @@ def read_file(path: Path) -> ReadConfig:
         return read_deepspeed.read(path, data)
     if kind == "torchtitan":
         return read_torchtitan.read(path)
-    return read_megatron.read(path, shlex.split(text.replace("\\\n", " "), comments=True))
+    return read_megatron.read(path, _tokens(text))

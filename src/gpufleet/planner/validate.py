@@ -50,6 +50,27 @@ class RunPrediction:
     #: anyway, since the run did fit, and counted in the summary
     memory_rejected: bool = False
     eager: bool = False  # priced with eager PyTorch's unfused element-wise kernels (the run says it ran eager)
+    published_mfu: float | None = None  # the MFU the run file states (measured.mfu), in its source's FLOP count
+
+    @property
+    def predicted_mfu(self) -> float | None:
+        return self.step.mfu if self.step is not None else None
+
+    @property
+    def derived_mfu(self) -> float | None:
+        """The run's measured tokens/s per GPU as MFU by gpufleet's convention (the same model FLOPs per token and
+        peak as `predicted_mfu`, workload.flops), so the two compare like for like."""
+        if self.step is None:
+            return None
+        return self.step.model_flops_per_token * self.target_tokens_per_s_per_gpu / self.step.peak_flops
+
+    @property
+    def measured_mfu(self) -> tuple[float | None, str | None]:
+        """The run's MFU and where it comes from: the run file's own figure, else derived (gpufleet's convention)."""
+        if self.published_mfu is not None:
+            return self.published_mfu, "run file"
+        derived = self.derived_mfu
+        return derived, "derived" if derived is not None else None
 
     @property
     def note(self) -> str:
@@ -85,6 +106,10 @@ class RunPrediction:
             "stack_defaulted": self.stack_defaulted,
             "eager": self.eager,
             "memory_rejected": self.memory_rejected,
+            "measured_mfu": self.measured_mfu[0],
+            "measured_mfu_source": self.measured_mfu[1],  # "run file" (its FLOP count) or "derived" (gpufleet's)
+            "measured_mfu_derived": self.derived_mfu,
+            "predicted_mfu": self.predicted_mfu,
         }
 
 
@@ -93,7 +118,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by plan's own search (its space,
     narrowed only by what the run's stack lacks, and its memory rule: nothing over HBM). `fitted` replaces the
     recorded calibration fits' values by fit id (cross-validation)."""
-    result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu)
+    result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu, published_mfu=run.measured.mfu)
     given = run.layout
     missing_core = [name for name in ("tp", "pp", "dp") if getattr(given, name) is None]
     if missing_core:

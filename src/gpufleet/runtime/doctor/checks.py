@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpufleet.runtime.doctor.nccl_log import Finding
 from gpufleet.runtime.doctor.seams import Status
 
 
@@ -16,6 +17,7 @@ class CheckResult:
     message: str
     fix: str = ""
     figures: dict[str, float] = field(default_factory=dict)  # numbers `doctor --cluster` compares across nodes
+    findings: tuple[Finding, ...] = ()  # the separate things a check saw (nccl-env: one per variable)
 
 
 @dataclass(frozen=True, slots=True)

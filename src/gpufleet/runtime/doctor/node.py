@@ -19,6 +19,7 @@ from gpufleet.runtime.doctor.system import (
     gdr_module,
     memlock,
     nccl_environment,
+    nccl_ib_hca,
     rdma_check,
     rdma_ports,
 )
@@ -43,8 +44,10 @@ def check_node(request: DoctorRequest, seams: NodeSeams | None = None) -> NodeRe
     checks: list[CheckResult] = [*gpu_checks(seams, request.expected_gpus)]
     rdma = rdma_check(seams, request.expected_nic_gbps)
     has_rdma = bool(rdma_ports(seams))
-    checks += [rdma, gdr_module(seams, has_rdma), nccl_environment(seams, has_rdma), allocator_environment(seams),
-               memlock(seams, has_rdma)]
+    checks += [rdma, gdr_module(seams, has_rdma), nccl_environment(seams, has_rdma)]
+    if (hca := nccl_ib_hca(seams)) is not None:  # only when NCCL_IB_HCA is set
+        checks.append(hca)
+    checks += [allocator_environment(seams), memlock(seams, has_rdma)]
     if request.checkpoint_path is not None:
         space = disk_space(seams, request.checkpoint_path, request.need_free_bytes)
         checks.append(space)

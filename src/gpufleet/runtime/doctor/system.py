@@ -9,11 +9,20 @@ Documentation/ABI/stable/sysfs-class-infiniband: state "4: ACTIVE", phys_state "
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.runtime.doctor.checks import CheckResult
+from gpufleet.runtime.doctor.nccl_env_vars import (
+    ELSEWHERE,
+    NCCL_VARIABLES,
+    REMOVED,
+    is_default,
+    is_pytorch_alias,
+    nearest,
+)
+from gpufleet.runtime.doctor.nccl_log import Finding
 from gpufleet.runtime.doctor.seams import NodeSeams, read_text
 from gpufleet.units import format_bytes
 
@@ -30,6 +39,10 @@ ALLOCATOR_KEYS = frozenset({
     "graph_capture_record_stream_reuse", "pinned_reserve_segment_size_mb", "pinned_free_catch_all",
     "pinned_use_hip_host_register",
 })
+#: Allocator settings that are PyTorch's defaults, so setting them changes nothing: `use_expandable_segments_{false}`
+#: and the native caching allocator (c10/core/AllocatorConfig.h and c10/cuda/CUDAAllocatorConfig.h of PyTorch 2.13;
+#: docs "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF": backend "native (default)").
+ALLOCATOR_DEFAULTS = {"expandable_segments": "false", "backend": "native"}
 _TOP_LEVEL_COMMA = re.compile(r",(?![^\[]*\])")  # roundup_power2_divisions:[256:1,512:2] keeps its commas
 #: A checkpoint disk with less free space than this fraction of its size is flagged (judgement: keep-last-N
 #: retention needs room for one more checkpoint than it keeps).
@@ -61,14 +74,15 @@ def rdma_ports(seams: NodeSeams) -> list[RdmaPort]:
 
 
 def _selected(ports: list[RdmaPort], hca: str | None) -> list[RdmaPort]:
-    """The ports NCCL_IB_HCA selects (prefix match; `^a,b` excludes; `=a` exact), else every port."""
+    """The ports NCCL_IB_HCA selects (prefix match; `^a,b` excludes; `=a` exact; `a:1` port 1 only), else every
+    port."""
     if not hca:
         return ports
-    exclude, exact = hca.startswith("^"), hca.lstrip("^").startswith("=")
-    names = [name.split(":")[0] for name in hca.lstrip("^=").split(",") if name]
+    exclude, exact, entries = _hca_entries(hca)
 
     def matches(port: RdmaPort) -> bool:
-        return any(port.device == name if exact else port.device.startswith(name) for name in names)
+        return any((port.device == device if exact else port.device.startswith(device))
+                   and (wanted is None or port.port == wanted) for device, wanted in entries)
 
     return [port for port in ports if matches(port) != exclude]
 
@@ -114,6 +128,27 @@ def _interfaces(seams: NodeSeams) -> list[str]:
     return sorted(path.name for path in root.iterdir()) if root.is_dir() else []
 
 
+def _nccl_names(env: Mapping[str, str]) -> list[Finding]:
+    """Unknown NCCL_* names (warning), removed ones and documented defaults (info)."""
+    found = []
+    for name in sorted(n for n in env if n.startswith("NCCL_")):
+        value = env[name]
+        if name not in NCCL_VARIABLES:
+            near = nearest(name)
+            where = ELSEWHERE.get(name, f"nearest NCCL variable: {near}" if near else "no NCCL variable is close")
+            fix = (f"rename to TORCH_{name}" if is_pytorch_alias(name) else
+                   f"remove it{f' (or did you mean {near}?)' if near else ''}")
+            found.append(Finding("nccl-env-unknown", "warning", f"{name} is not an NCCL variable (not in NCCL's "
+                                 f"documented environment variables): {where}", fix))
+        elif name in REMOVED:
+            found.append(Finding("nccl-env-removed", "info", f"{name}={value}: removed in NCCL {REMOVED[name]}, "
+                                 "no effect on a current NCCL", "remove it"))
+        elif is_default(name, value):
+            found.append(Finding("nccl-env-default", "info", f"{name}={value} is NCCL's default (no effect)",
+                                 "remove it, or keep it only to pin the value"))
+    return found
+
+
 def nccl_environment(seams: NodeSeams, has_rdma: bool) -> CheckResult:
     env, problems, notes = seams.environ, [], []
     if env.get("NCCL_IB_DISABLE", "0") not in ("0", "") and has_rdma:
@@ -131,13 +166,58 @@ def nccl_environment(seams: NodeSeams, has_rdma: bool) -> CheckResult:
     notes += [f"{name}={env[name]}" for name in ("NCCL_ALGO", "NCCL_PROTO") if env.get(name)]
     if env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0":
         notes.append("TORCH_NCCL_ASYNC_ERROR_HANDLING=0 (a failed collective hangs instead of exiting)")
+    names = _nccl_names(env)
+    unknown = [f.message for f in names if f.severity == "warning"]
+    infos = "".join(f"; {f.message}" for f in names if f.severity == "info")
     if problems:
-        return CheckResult("nccl-env", "fail", "; ".join(problems), "unset or correct these in the job's environment")
-    if notes:
-        return CheckResult("nccl-env", "warn", "forced: " + "; ".join(notes),
-                           "unset unless a benchmark on this cluster shows they help")
+        return CheckResult("nccl-env", "fail", "; ".join(problems + unknown) + infos,
+                           "unset or correct these in the job's environment", findings=tuple(names))
+    if notes or unknown:
+        forced = ["forced: " + "; ".join(notes)] if notes else []
+        return CheckResult("nccl-env", "warn", "; ".join(forced + unknown) + infos,
+                           "; ".join(f.fix for f in names if f.severity == "warning")
+                           or "unset unless a benchmark on this cluster shows they help", findings=tuple(names))
     shown = sorted(name for name in env if name.startswith("NCCL_"))
-    return CheckResult("nccl-env", "ok", f"no harmful NCCL settings ({', '.join(shown) or 'none set'})")
+    return CheckResult("nccl-env", "ok", f"no harmful NCCL settings ({', '.join(shown) or 'none set'})" + infos,
+                       findings=tuple(names))
+
+
+def _hca_entries(hca: str) -> tuple[bool, bool, list[tuple[str, str | None]]]:
+    """NCCL_IB_HCA as (exclude, exact, [(device, port or None)]); entries are `hca[:port[:rail[:plane]]]`."""
+    exclude = hca.startswith("^")
+    body = hca.removeprefix("^")
+    exact = body.startswith("=")
+    entries = []
+    for token in body.removeprefix("=").split(","):
+        device, _, rest = token.strip().partition(":")
+        if device:
+            entries.append((device, rest.split(":")[0] or None))
+    return exclude, exact, entries
+
+
+def nccl_ib_hca(seams: NodeSeams) -> CheckResult | None:
+    """NCCL_IB_HCA against the node's RDMA ports: none selected (TCP fallback), some (the rest carry nothing)."""
+    hca = seams.environ.get("NCCL_IB_HCA")
+    if not hca:
+        return None
+    ports = rdma_ports(seams)
+    if not ports:
+        return CheckResult("nccl-ib-hca", "skip", f"NCCL_IB_HCA={hca} could not be checked: no RDMA ports visible "
+                           f"under {seams.sys_path('class', 'infiniband')} (a container without the host's sysfs?)",
+                           "run doctor where /sys/class/infiniband shows the node's HCAs (or pass --sysfs-root)")
+    chosen = _selected(ports, hca)
+    names = ", ".join(f"{p.device}/{p.port}" for p in chosen)
+    figures = {"ports_selected": float(len(chosen)), "ports_present": float(len(ports))}
+    if not chosen:
+        return CheckResult("nccl-ib-hca", "fail", f"NCCL_IB_HCA={hca} selects none of the node's {len(ports)} RDMA "
+                           "port(s): NCCL finds no IB device and falls back to TCP sockets",
+                           "name the node's HCAs (`ibv_devices`), with '=' for exact names", figures)
+    if len(chosen) < len(ports):
+        return CheckResult("nccl-ib-hca", "warn", f"NCCL_IB_HCA={hca} selects {len(chosen)} of the node's "
+                           f"{len(ports)} RDMA ports ({names}): the other {len(ports) - len(chosen)} carry no NCCL "
+                           "traffic", "list every compute HCA (leave out only storage/management NICs), or unset it",
+                           figures)
+    return CheckResult("nccl-ib-hca", "ok", f"NCCL_IB_HCA={hca} selects all {len(ports)} RDMA ports", figures=figures)
 
 
 def allocator_environment(seams: NodeSeams) -> CheckResult:
@@ -152,7 +232,10 @@ def allocator_environment(seams: NodeSeams) -> CheckResult:
         return CheckResult("allocator-env", "warn", f"{name}={conf}: unknown or valueless key(s) {', '.join(unknown)}",
                            "PyTorch 2.13 refuses these at the first CUDA allocation; its keys: "
                            + ", ".join(sorted(ALLOCATOR_KEYS)))
-    return CheckResult("allocator-env", "ok", f"{name}={conf}")
+    defaults = [f"{key.strip()}:{value.strip()}" for key, value in pairs
+                if ALLOCATOR_DEFAULTS.get(key.strip()) == value.strip().lower()]
+    note = f" ({', '.join(defaults)} is PyTorch's default: no effect)" if defaults else ""
+    return CheckResult("allocator-env", "ok", f"{name}={conf}{note}")
 
 
 def memlock(seams: NodeSeams, has_rdma: bool) -> CheckResult:
