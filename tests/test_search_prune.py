@@ -170,8 +170,8 @@ def _reference_search(job: Job, cluster: Cluster, options: StepOptions,
             if layout.recompute == "full" and layout.with_(recompute="none") in unfit:
                 full_only.append(outcome)
         else:
-            reasons[outcome[0]] += 1
-            if outcome[0] == "memory" and layout.recompute == "none":
+            reasons[outcome.reason] += 1
+            if outcome.reason == "memory" and layout.recompute == "none":
                 unfit.add(layout)
     ranked = sorted(c.step.step_s for c in feasible)
     for floor_s, index in sorted((sum(c.step.parts[n].exposed_s for n in COMPUTE_PARTS), i)
@@ -188,7 +188,7 @@ def _reference_search(job: Job, cluster: Cluster, options: StepOptions,
                 feasible.append(variant)
                 ranked = sorted([*ranked, variant.step.step_s])
             else:
-                reasons[variant[0]] += 1
+                reasons[variant.reason] += 1
     feasible.sort(key=lambda c: c.step.step_s)
     return [(c.layout, c.step.step_s) for c in feasible], tried, dict(reasons)
 

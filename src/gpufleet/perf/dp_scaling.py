@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from gpufleet.errors import InputError
+
+if TYPE_CHECKING:  # numpy is imported where the term is computed (it is off by default; plan starts without numpy)
+    import numpy as np
 
 #: Relative spread (one standard deviation) of per-GPU speed within one SKU. Judgement from Sinha et al. (SC22):
 #: reading their 8 % average variation as the span between the box plot's whiskers (no outliers), which for a
@@ -44,6 +46,8 @@ _GRID_POINTS = 18001
 @lru_cache(maxsize=1)
 def _grid() -> tuple[np.ndarray, np.ndarray]:
     """The integration grid x and log Phi(x), Phi the standard normal distribution function."""
+    import numpy as np
+
     x = np.linspace(-_GRID_HALF_WIDTH, _GRID_HALF_WIDTH, _GRID_POINTS)
     x[_GRID_POINTS // 2] = 0.0  # both halves end on the exact origin
     cdf = np.array([0.5 * math.erfc(-value / math.sqrt(2.0)) for value in x])
@@ -58,6 +62,8 @@ def expected_max_normal(n: int) -> float:
         raise InputError(f"expected_max_normal needs n >= 1, got {n}")
     if n == 1:
         return 0.0
+    import numpy as np
+
     x, log_cdf = _grid()
     cdf_n = np.exp(n * log_cdf)
     origin = _GRID_POINTS // 2
