@@ -247,6 +247,26 @@ def _fsdp2_copies_s(ctx: StepContext, params: _StageParams) -> float:
                         hbm_fraction=ctx.calibration.hbm_fraction)
 
 
+def _per_step_parts(ctx: StepContext, sync_s: float, fsdp_copy_s: float) -> dict[str, Part]:
+    """The --explain parts of the per-step terms that are on (waiting for the slowest GPU, FSDP2's copies)."""
+    parts: dict[str, Part] = {}
+    if sync_s:
+        parts["sync.stragglers"] = Part(sync_s, 0.0, f"slowest of {ctx.layout.gpus} GPUs")
+    if fsdp_copy_s:
+        parts["fsdp.copies"] = Part(fsdp_copy_s, 0.0, "FSDP2 copy-out / reduce-scatter copy-in over HBM")
+    return parts
+
+
+def _add_contention(ctx: StepContext, parts: dict[str, Part]) -> float:
+    """Seconds compute loses running under the hidden collectives (perf/overlap_contention.py; off unless
+    StepOptions.overlap_slowdown > 0), added to `parts` as compute.overlap-contention when there are any."""
+    contention = contention_s((parts[name].hidden_s for name in COLLECTIVE_PARTS if name in parts),
+                              ctx.options.overlap_slowdown)
+    if contention:
+        parts["compute.overlap-contention"] = Part(contention, 0.0, "compute slowed under hidden collectives")
+    return contention
+
+
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
                   options: StepOptions | None = None) -> StepEstimate:
     """Estimate one optimizer step of `job` with `layout` on `cluster` (layout assumed valid).
@@ -285,17 +305,9 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 
     # --- the parts for --explain ----------------------------------------------------------------
     compute = compute_parts(ctx, layers, logits_flops)
-    comm = comm_parts(ctx, tp, cp, ep, host, offload, schedule, dp)
-    if sync_s:
-        comm["sync.stragglers"] = Part(sync_s, 0.0, f"slowest of {layout.gpus} GPUs")
-    if fsdp_copy_s:
-        comm["fsdp.copies"] = Part(fsdp_copy_s, 0.0, "FSDP2 copy-out / reduce-scatter copy-in over HBM")
+    comm = comm_parts(ctx, tp, cp, ep, host, offload, schedule, dp) | _per_step_parts(ctx, sync_s, fsdp_copy_s)
     parts = step_parts(ctx, compute, logits_s, comm, optimizer_s, schedule)
-    contention = contention_s((parts[name].hidden_s for name in COLLECTIVE_PARTS if name in parts),
-                              ctx.options.overlap_slowdown)  # perf/overlap_contention.py
-    if contention:
-        step_s += contention
-        parts["compute.overlap-contention"] = Part(contention, 0.0, "compute slowed under hidden collectives")
+    step_s += _add_contention(ctx, parts)
     return StepEstimate(
         step_s=step_s,
         parts=parts,

@@ -70,6 +70,13 @@ class Infeasible:
     over_bytes: float = 0.0
 
 
+class ClosestMiss(NamedTuple):
+    """A layout that did not fit HBM, and by how many bytes (named fields; unpacks as (layout, over_bytes))."""
+
+    layout: Layout
+    over_bytes: float
+
+
 @dataclass
 class SearchResult:
     """Ranked feasible layouts (all, or the fastest `keep` of them) plus the counts of what was tried, how many fit
@@ -78,7 +85,7 @@ class SearchResult:
     feasible: list[Candidate]
     tried: int
     infeasible: Counter[str] = field(default_factory=Counter)
-    closest_misses: list[tuple[Layout, float]] = field(default_factory=list)  # (layout, bytes over HBM)
+    closest_misses: list[ClosestMiss] = field(default_factory=list)  # the five nearest to fitting, nearest first
     #: how many layouts fit, where `feasible` holds only the fastest of them (search's `keep`)
     fit_count: int | None = None
 
@@ -377,7 +384,7 @@ class _Screened:
     fits: list[_Fit] = field(default_factory=list)
     tried: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-    misses: list[tuple[Layout, float]] = field(default_factory=list)
+    misses: list[ClosestMiss] = field(default_factory=list)
     full_only: list[Layout] = field(default_factory=list)  # fit only with full recompute
 
 
@@ -396,7 +403,7 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
         else:
             screened.reasons[outcome.reason] += 1
             if outcome.reason == "memory":
-                screened.misses.append((layout, outcome.over_bytes))
+                screened.misses.append(ClosestMiss(layout, outcome.over_bytes))
                 if try_cheaper and layout.recompute == "none":
                     unfit_without_recompute.add(_twin_key(layout))
         if progress is not None and screened.tried % 256 == 0:
@@ -447,5 +454,5 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
     ranking = _rank_fits(estimator, screened.fits, None if keep is None else max(keep, CHEAPER_VARIANT_RANKS))
     tried = screened.tried + _add_cheaper_variants(estimator, ranking, screened.full_only, screened.reasons,
                                                    space.activation_offload)
-    screened.misses.sort(key=lambda item: item[1])
+    screened.misses.sort(key=lambda miss: miss.over_bytes)
     return SearchResult(ranking.ranked(keep), tried, screened.reasons, screened.misses[:5], fit_count=ranking.fit)

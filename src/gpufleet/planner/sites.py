@@ -26,7 +26,7 @@ from gpufleet.fabric.wan import WanLink
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees
 from gpufleet.perf.step import StepOptions
 from gpufleet.perf.wan import Across, dp_across_sites, pp_across_sites, with_wan
-from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, search
+from gpufleet.planner.search import Candidate, ClosestMiss, SearchResult, SearchSpace, search
 from gpufleet.units import parse_latency_s
 from gpufleet.workload.job import Job
 
@@ -107,7 +107,7 @@ def _dp_across(job: Job, cluster: Cluster, calibration: CalibrationProfile, site
         step = with_wan(candidate.step, share, tokens_per_step=job.tokens_per_step, gpus=cluster.gpus)
         candidates.append(Candidate(_whole_layout(candidate.layout, sites, job), candidate.peak_stage,
                                     candidate.memory, step))
-    misses = [(_whole_layout(layout, sites, job), over) for layout, over in found.closest_misses]
+    misses = [ClosestMiss(_whole_layout(miss.layout, sites, job), miss.over_bytes) for miss in found.closest_misses]
     return candidates, SearchResult([], found.tried, found.infeasible, misses)
 
 
@@ -153,7 +153,7 @@ def search_sites(job: Job, cluster: Cluster, calibration: CalibrationProfile, *,
         if kept is None or candidate.step.step_s < kept.step.step_s:
             fastest[candidate.layout] = candidate
     feasible = sorted(fastest.values(), key=lambda c: c.step.step_s)
-    misses = sorted(dp_found.closest_misses + pp_found.closest_misses, key=lambda item: item[1])[:5]
+    misses = sorted(dp_found.closest_misses + pp_found.closest_misses, key=lambda miss: miss.over_bytes)[:5]
     return SearchResult(feasible, dp_found.tried + pp_found.tried, dp_found.infeasible + pp_found.infeasible,
                         misses)
 

@@ -153,7 +153,9 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
             candidate = outcome
         else:
             space = stack_search_space(stack, SearchSpace())  # plan --stack's space
-            found = search(job, cluster, calibration, space=space, fixed=fixed, options=options)
+            # keep=1: only the fastest fill is used; the pruned search's best is the exhaustive one's
+            # (tests/test_search_prune.py), and each run's search then skips estimating layouts that cannot win
+            found = search(job, cluster, calibration, space=space, fixed=fixed, options=options, keep=1)
             if found.best is None:
                 if not found.closest_misses:
                     result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})" \
