@@ -39,6 +39,21 @@ def test_fit_recovers_the_curve_it_was_sampled_from(fraction: float, half: int) 
     assert fit.fraction == pytest.approx(fraction, rel=0.01)
 
 
+def test_a_half_dim_beyond_the_shapes_measured_stops_at_the_largest_one() -> None:
+    """Shapes up to 256 whose efficiency keeps rising as if half_dim were 8192: the data cannot tell that from a
+    smaller half_dim with a smaller fraction, so the fit stops at 256 instead of running to the grid's end with a
+    fraction at the peak (what a loaded CPU's noisy timings did to `calibrate` here)."""
+    sizes = (16, 64, 256)
+    shapes = list(itertools.product(sizes, sizes, sizes))
+    points = [GemmPoint(m, n, k, "bf16", PEAK * curve(0.9, 8192, m, n, k)) for m, n, k in shapes]
+    fit = fit_gemm_curve(points, PEAK)
+    assert fit.half_dim <= 256 and fit.half_dim_at_bound
+    assert fit.fraction < 0.9 and not fit.capped
+    inside = fit_gemm_curve([GemmPoint(m, n, k, "bf16", PEAK * curve(0.5, 32, m, n, k))
+                             for m, n, k in itertools.product(sizes, sizes, sizes)], PEAK)
+    assert inside.half_dim == pytest.approx(32, abs=1) and not inside.half_dim_at_bound
+
+
 def gemm_json(tmp_path: Path, fraction: float, half: float = 128) -> Path:
     """`bench gemm --json` output of a device whose GEMMs follow the model's curve exactly."""
     rows = []

@@ -28,7 +28,8 @@ from gpufleet.catalog.records import GPUSpec
 from gpufleet.errors import InputError
 
 #: gemm_half_dim candidates: 1 to 8192, 97 log-spaced points (a GEMM dimension below 1 or a half-efficiency
-#: dimension above the largest shapes benchmarked cannot be told apart from the data).
+#: dimension above the largest shapes benchmarked cannot be told apart from the data: the search stops at the
+#: largest dimension measured, see fit_gemm_curve).
 HALF_DIM_GRID = np.unique(np.round(np.logspace(0, 13, 97, base=2)).astype(int))
 #: A measured fraction above the peak means the catalog's peak is wrong for this device; the profile caps it here
 #: (the schema's bound) and says so.
@@ -51,6 +52,9 @@ class GemmFit:
     points: int
     rms_log_error: float
     capped: bool
+    #: the best half_dim is the largest dimension measured: beyond it the data cannot tell half_dim from fraction
+    #: (a larger half_dim with a larger fraction fits as well), so the fit stops there
+    half_dim_at_bound: bool = False
 
 
 def fit_gemm_curve(points: Sequence[GemmPoint], peak_flops: float) -> GemmFit:
@@ -68,13 +72,19 @@ def fit_gemm_curve(points: Sequence[GemmPoint], peak_flops: float) -> GemmFit:
         log_fraction = float(np.mean(observed - shape))
         return log_fraction, float(np.sqrt(np.mean((observed - shape - log_fraction) ** 2)))
 
-    coarse = min(HALF_DIM_GRID, key=lambda half: solve(float(half))[1])  # the grid finds the basin, then refine
-    fine = minimize_scalar(lambda half: solve(half)[1], bounds=(max(1.0, coarse / 1.2), coarse * 1.2),
+    # A half_dim beyond the largest dimension measured trades off against the fraction without changing the fit
+    # much (on a noisy, loaded machine the optimum can run off to the grid's end with a fraction at the peak), so
+    # the search stops at the largest dimension measured.
+    largest = float(dims.max())
+    grid = [float(half) for half in HALF_DIM_GRID if half <= largest] or [1.0]
+    coarse = min(grid, key=lambda half: solve(half)[1])  # the grid finds the basin, then refine
+    fine = minimize_scalar(lambda half: solve(half)[1], bounds=(max(1.0, coarse / 1.2), min(coarse * 1.2, largest)),
                            method="bounded", options={"xatol": 0.25})
-    half_dim = max(1, round(float(fine.x)))
+    half_dim = max(1, min(round(float(fine.x)), int(largest)))
     log_fraction, error = solve(half_dim)
     fraction = math.exp(log_fraction)
-    return GemmFit(min(fraction, MAX_FRACTION), half_dim, len(points), error, fraction > MAX_FRACTION)
+    return GemmFit(min(fraction, MAX_FRACTION), half_dim, len(points), error, fraction > MAX_FRACTION,
+                   half_dim_at_bound=half_dim >= largest / 1.2)
 
 
 def _fraction(value: float, what: str) -> float:
@@ -103,7 +113,9 @@ def build_profile(gpu: GPUSpec, base: CalibrationProfile, measured: Measurements
         fit = fit_gemm_curve(sixteen, gpu.peak_flops(sixteen[0].dtype))  # type: ignore[arg-type]
         updates |= {"gemm_fraction_16bit": fit.fraction, "gemm_half_dim": fit.half_dim}
         notes.append(f"gemm: {fit.points} 16-bit shapes, fraction {fit.fraction:.4g}, half_dim {fit.half_dim}, "
-                     f"rms log error {fit.rms_log_error:.3f}" + (" (capped at the peak)" if fit.capped else ""))
+                     f"rms log error {fit.rms_log_error:.3f}" + (" (capped at the peak)" if fit.capped else "")
+                     + (" (half_dim at the largest dimension measured: benchmark larger shapes to pin it)"
+                        if fit.half_dim_at_bound else ""))
     fp8 = [p for p in measured.gemm if p.dtype == "fp8"]
     if fp8:
         fit8 = fit_gemm_curve(fp8, gpu.peak_flops("fp8"))
