@@ -72,7 +72,8 @@ class CalibrationProfile(Record):
     )
     host_s_per_kernel: float = Field(
         default=0.0, ge=0,
-        description="host (framework + launch) seconds per kernel of a MoE layer; a recorded fit (data/fits.yaml)",
+        description="host (framework + launch) seconds per kernel of a MoE layer; measured by `gpufleet bench host` "
+        "when the profile sets it, else a recorded fit (data/fits.yaml)",
     )
     cudnn_attention_fraction: float | None = Field(
         default=None, gt=0, le=1,

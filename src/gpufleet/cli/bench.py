@@ -1,4 +1,4 @@
-"""`gpufleet bench collectives|gemm|memory|disk`: measure what the model assumes, next to what it expects."""
+"""`gpufleet bench collectives|gemm|memory|disk|host`: measure what the model assumes, next to what it expects."""
 
 from __future__ import annotations
 
@@ -217,10 +217,51 @@ def disk_command(
     Output(json_mode=json_out).emit(data, render)
 
 
+def host_command(
+    ops: str = typer.Option("all", "--ops", help="Comma list of index, matmul, elementwise, cast; or all."),
+    iters: int = typer.Option(2000, "--iters", min=1, help="Ops launched per timed loop."),
+    warmup: int = typer.Option(200, "--warmup", min=0, help="Untimed ops before each loop."),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Timed loops per op (the median counts)."),
+    autograd: bool = typer.Option(True, "--autograd/--no-autograd", help="Inputs require grad, so each op records "
+                                  "an autograd node as a training forward does."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Host seconds per launched op as eager PyTorch dispatches it here: the MoE step model's host_s_per_kernel.
+
+    Tiny ops of the kinds a MoE layer launches (index/gather, small matmul, elementwise, cast) in a Python loop;
+    on a GPU nothing syncs inside the loop, so the host's time is measured, and the device's throughput is shown
+    beside it. `gpufleet calibrate --from` writes the figure into a calibration profile.
+
+    Examples:
+
+        gpufleet bench host
+
+        gpufleet bench host --json > host.json; gpufleet calibrate --gpu h100-sxm --from host.json --out h100.yaml
+    """
+    from gpufleet.runtime.bench.host import bench_host, parse_op_kinds
+
+    result = bench_host(parse_op_kinds(ops), iters, warmup, repeats, autograd)
+    data = result.as_json()
+
+    def render(console: Console) -> None:
+        table = Table(title=f"host launch cost on {result.device}, median of {repeats} × {iters} ops"
+                      + ("" if autograd else ", no autograd"), title_justify="left")
+        for column in ("op", "host µs/op", "device-side µs/op", "device ops/s"):
+            table.add_column(column, justify="left" if column == "op" else "right")
+        for row in result.rows:
+            table.add_row(row.op, f"{row.host_s_per_kernel * 1e6:.2f}", f"{row.device_s_per_kernel * 1e6:.2f}",
+                          f"{1 / row.device_s_per_kernel:,.0f}")
+        console.print(table)
+        console.print(f"host_s_per_kernel: {result.host_s_per_kernel * 1e6:.2f} µs (mean over the op kinds)")
+    Output(json_mode=json_out).emit(data, render)
+
+
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Benchmark collectives, GEMMs, memory and the checkpoint disk.", no_args_is_help=True)
+    group = typer.Typer(help="Benchmark collectives, GEMMs, memory, the checkpoint disk and the host's launch cost.",
+                        no_args_is_help=True)
     group.command("collectives", help=COLLECTIVES_HELP)(collectives_command)
     group.command("gemm")(gemm_command)
     group.command("memory")(memory_command)
     group.command("disk")(disk_command)
+    group.command("host")(host_command)
     app.add_typer(group, name="bench")

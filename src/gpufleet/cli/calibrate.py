@@ -19,10 +19,11 @@ from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
 
 CALIBRATE_HELP = """Write a calibration profile (the catalog's `calibrations:` schema: GEMM fraction and shape curve,
-HBM fraction, measured collectives, checkpoint write bandwidth) from `gpufleet bench gemm`, `bench memory`,
-`bench collectives` and `bench disk` results, with host, date and gpufleet version; `plan`,
-`memory` and `validate` read it with `--calibration FILE`. Fields the benches do not measure are kept from the
-built-in profile of --gpu. Without --from, runs the GEMM (needs --model) and memory benches here.
+HBM fraction, measured collectives, checkpoint write bandwidth, host seconds per launched kernel) from `gpufleet
+bench gemm`, `bench memory`, `bench collectives`, `bench disk` and `bench host` results, with host, date and
+gpufleet version; `plan`, `memory` and `validate` read it with `--calibration FILE`. Fields the benches do not
+measure are kept from the built-in profile of --gpu. Without --from, runs the GEMM (needs --model), memory and host
+benches here.
 
 Examples:
 
@@ -35,6 +36,9 @@ Examples:
     gpufleet bench disk /checkpoints --json > disk.json
     gpufleet calibrate --gpu h100-sxm --from gemm.json --from coll.json --from disk.json --out h100.yaml
 
+    gpufleet bench host --json > host.json
+    gpufleet calibrate --gpu h100-sxm --from host.json --out h100.yaml
+
     gpufleet plan --model llama3-70b --tokens 15T --gpu h100-sxm --gpus 1024 --calibration h100.yaml
 """
 
@@ -45,6 +49,8 @@ def _load_json(path: Path) -> Any:
 
 def _kind(data: Any) -> str:
     """Which bench wrote this JSON."""
+    if isinstance(data, dict) and "host_s_per_kernel" in data and "by_op" in data:
+        return "host"
     if isinstance(data, dict) and "bandwidth_gbps" in data:
         return "memory"
     rows = data.get("rows") if isinstance(data, dict) else None
@@ -77,10 +83,13 @@ def _measurements_from(paths: list[Path]) -> Any:
 
     from gpufleet.runtime.bench.calibrate import GemmPoint, Measurements
 
-    gemm, memory, notes, collectives, disk = [], None, [], [], None
+    gemm, memory, notes, collectives, disk, host = [], None, [], [], None, None
     for path in paths:
         data = _load_json(path)
         kind = _kind(data)
+        if kind == "host":  # checked on its own: its one error line names the field
+            host = _host_figure(data, path)
+            continue
         try:
             if kind == "gemm":
                 gemm += [GemmPoint(int(r["m"]), int(r["n"]), int(r["k"]), str(r["dtype"]), float(r["tflops"]) * 1e12)
@@ -94,16 +103,25 @@ def _measurements_from(paths: list[Path]) -> Any:
                 disk = float(largest["write_gbps"]) * 1e9
                 notes.append(f"disk ({path.name}): read {largest['read_gbps']:.4g} GB/s at {largest['size_bytes']} B")
             else:
-                raise InputError(f"{path} is not the --json output of bench gemm, memory, collectives or disk")
+                raise InputError(f"{path} is not the --json output of bench gemm, memory, collectives, disk or host")
         except (KeyError, TypeError, ValueError, ValidationError) as error:
             detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else error
             raise InputError(f"{path}: a {kind} bench row lacks a field or a number ({detail})") from None
-    return Measurements(gemm, memory, notes, collectives, disk)
+    return Measurements(gemm, memory, notes, collectives, disk, host)
+
+
+def _host_figure(data: dict[str, Any], path: Path) -> float:
+    """A `bench host --json` output's host seconds per kernel (a positive, finite number)."""
+    value = data["host_s_per_kernel"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise InputError(f"{path}: host_s_per_kernel must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
 
 
 def _measure_here(catalog_paths: list[Path] | None, model: str | None, tokens: int, tp: int, dtype: str) -> Any:
     from gpufleet.runtime.bench.calibrate import GemmPoint, Measurements
     from gpufleet.runtime.bench.gemm import bench_gemm
+    from gpufleet.runtime.bench.host import bench_host
     from gpufleet.runtime.bench.memory import bench_memory
     from gpufleet.runtime.bench.shapes import model_gemm_shapes
 
@@ -111,9 +129,10 @@ def _measure_here(catalog_paths: list[Path] | None, model: str | None, tokens: i
         raise InputError("give --model (whose GEMM shapes to run) or --from FILE with bench results")
     shapes = model_gemm_shapes(open_catalog(catalog_paths).model(model), tokens, tp)
     rows = bench_gemm(shapes, [dtype])
-    memory = bench_memory()
+    memory, host = bench_memory(), bench_host()
     return Measurements([GemmPoint(r.shape.m, r.shape.n, r.shape.k, r.dtype, r.flops_per_s) for r in rows],
-                        memory.bytes_per_s, [f"gemm shapes of {model}, {tokens} tokens, tp {tp}"])
+                        memory.bytes_per_s, [f"gemm shapes of {model}, {tokens} tokens, tp {tp}"],
+                        host_s_per_kernel=host.host_s_per_kernel)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -166,7 +185,7 @@ def calibrate_command(
         for column in ("field", "built-in", "measured"):
             table.add_column(column)
         for name in ("gemm_fraction_16bit", "gemm_fraction_fp8", "gemm_half_dim", "hbm_fraction",
-                     "checkpoint_write_gbytes_per_s"):
+                     "checkpoint_write_gbytes_per_s", "host_s_per_kernel"):
             before, after = data["built_in"].get(name), data["profile"].get(name)
             table.add_row(name, "-" if before is None else f"{before:.4g}", "-" if after is None else f"{after:.4g}")
         console.print(table)

@@ -11,6 +11,8 @@ What is measured and what it sets:
   model scales its time for that op and tier by modelled / measured (fabric/collectives.py).
 * `bench disk` sets `checkpoint_write_gbytes_per_s` from the largest file written (checkpoint shards are large):
   the reliability model's per-node checkpoint write bandwidth.
+* `bench host` sets `host_s_per_kernel` (host seconds per launched op, the MoE step model's launch cost) in place
+  of the recorded fit `moe-host-seconds-per-kernel` (a profile that sets a field wins over the fit).
 * Everything else (attention fractions and kernel, `in_training_fraction`) is kept from the profile it starts from
   (the built-in one for that GPU), and the note says so.
 """
@@ -100,6 +102,7 @@ class Measurements:
     extra_notes: Sequence[str] = ()
     collectives: Sequence[MeasuredCollective] = ()
     disk_write_bytes_per_s: float | None = None
+    host_s_per_kernel: float | None = None
 
 
 def build_profile(gpu: GPUSpec, base: CalibrationProfile, measured: Measurements, provenance: str
@@ -132,8 +135,14 @@ def build_profile(gpu: GPUSpec, base: CalibrationProfile, measured: Measurements
     if measured.disk_write_bytes_per_s is not None:
         updates["checkpoint_write_gbytes_per_s"] = measured.disk_write_bytes_per_s / 1e9
         notes.append(f"disk: checkpoint write {measured.disk_write_bytes_per_s / 1e9:.4g} GB/s with fsync")
+    if measured.host_s_per_kernel is not None:
+        if not (0 < measured.host_s_per_kernel < math.inf):
+            raise InputError(f"host seconds per kernel must be positive and finite, got {measured.host_s_per_kernel}")
+        updates["host_s_per_kernel"] = measured.host_s_per_kernel
+        notes.append(f"host: {measured.host_s_per_kernel * 1e6:.4g} us per launched op (bench host)")
     if not updates:
-        raise InputError("nothing to calibrate: give bench gemm (16-bit or fp8), memory, collectives or disk results")
+        raise InputError("nothing to calibrate: give bench gemm (16-bit or fp8), memory, collectives, disk or host "
+                         "results")
     kept = [name for name in ("attention_fraction", "cudnn_attention_fraction", "in_training_fraction",
                               "attention_kernel") if getattr(base, name) is not None]
     notes.append(f"kept from the built-in {base.id} profile: {', '.join(kept)}")
