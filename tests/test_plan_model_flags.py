@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,3 +191,17 @@ def test_the_pruned_search_equals_the_exhaustive_one_with_each_term_on(drawn: tu
                                                              everything.infeasible)
     for fast, slow in zip(pruned.feasible, everything.feasible, strict=False):
         assert (fast.layout, fast.step) == (slow.layout, slow.step)
+
+
+def test_launch_reads_the_terms_back_from_a_plan_file(tmp_path: Path) -> None:
+    """A plan made with the terms on launches: launch re-plans with the file's terms (its framework check passes)
+    and finds the layout the file lists."""
+    planned = run_gpufleet("plan", *SMALL, "--stragglers", "1.5%", "--overlap-contention", "measured",
+                           "--fsdp2-copies", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(planned.stdout)
+    launched = run_gpufleet("launch", "--plan", str(plan_file), "--rank", "1", "--target", "megatron", "--out",
+                            str(tmp_path / "run"), "--json")
+    assert launched.returncode == 0, launched.stderr
+    assert json.loads(launched.stdout)["layout"]["label"] == json.loads(planned.stdout)["plans"][0]["layout"]["label"]
