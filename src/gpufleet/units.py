@@ -130,6 +130,18 @@ def parse_ratio(text: str, what: str = "oversubscription") -> float:
     return value
 
 
+def parse_fraction(text: str, what: str = "fraction", *, most: float = 1.0) -> float:
+    """A relative amount as a fraction or a percentage: '0.015' -> 0.015, '1.5%' -> 0.015. Must be between 0 and
+    `most` (inclusive)."""
+    match = re.fullmatch(r"(-?)\s*" + _NUMBER + r"\s*(%?)", text.strip())
+    if not match:
+        raise InputError(f"{what} {text!r} is not a fraction such as 0.015 or a percentage such as 1.5%")
+    value = float(match.group(2)) / (100.0 if match.group(3) else 1.0)
+    if match.group(1) or not math.isfinite(value) or value > most:
+        raise InputError(f"{what} must be between 0 and {most:g} ({most:.0%}), got {text!r}")
+    return value
+
+
 def parse_int_list(text: str, what: str = "list", most: int | None = None) -> list[int]:
     """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> doublings from 64 to 512; '64-1000' -> 64 ... 512 and 1000
     (the top end is always included); '64-512:64' -> step 64. Each count appears once. With `most`, more values

@@ -42,6 +42,7 @@ from gpufleet.cli.plan import (
 )
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
+from gpufleet.planner.model_terms import ModelTerms
 from gpufleet.planner.plan import PlanRequest
 from gpufleet.units import parse_int_list
 
@@ -77,7 +78,9 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
             overlap_tp=framework["tp_comm_overlap"], dtensor_tp=not framework["tp_async_backward"],
             overlap_ep=framework["ep_comm_overlap"], ep_dispatch=framework["ep_dispatch"],
             selective_policy=framework["selective_policy"], eager=not framework["fused_elementwise"],
-            stack=framework["stack"])
+            stack=framework["stack"],
+            terms=ModelTerms(float(framework.get("straggler_sigma", 0.0)), framework.get("straggler_scope", "job"),
+                             float(framework.get("overlap_slowdown", 0.0)), framework.get("fsdp2_copies")))
         return given, int(cluster["gpus"]), str(label)
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"--plan {path} is not a `gpufleet plan --json` file (missing or bad {error})") from error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -29,6 +29,7 @@ from gpufleet.errors import InputError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
+from gpufleet.planner.model_terms import ModelTerms, parse_model_terms
 from gpufleet.planner.plan import (
     Plan,
     PlanRequest,
@@ -99,6 +100,23 @@ StackOption = typer.Option(None, "--stack", help="Plan for a framework's documen
                            "lacks (SP, CP, activation offload): a catalog stack id (`gpufleet catalog list "
                            "stacks`: megatron-core, megatron-bridge, nemo, torchtitan, ...). Explicit flags "
                            "override its settings. Default: Megatron-LM's defaults.")
+# The step model's optional terms (planner/model_terms.py), shared with `validate`.
+StragglersOption = typer.Option(None, "--stragglers", metavar="SIGMA", help="Wait for the slowest GPU: per-GPU "
+                                "speed spreads with relative standard deviation SIGMA (e.g. 0.015 or 1.5%, the "
+                                "measured spread; at most 20%) and each step waits for the slowest of the job's "
+                                "GPUs (sync.stragglers in --explain; docs/dp-scaling.md) [default: off].")
+StragglerScopeOption = typer.Option("job", "--straggler-scope", help="With --stragglers: job (the step waits "
+                                    "for the slowest of all GPUs, against a median GPU) or replicas (only what "
+                                    "data parallelism adds over one replica of tp*pp*cp GPUs) [default: job].")
+OverlapContentionOption = typer.Option(None, "--overlap-contention", metavar="FRACTION|measured", help="Compute "
+                                       "that runs under a hidden collective runs FRACTION slower (e.g. 0.1 or "
+                                       "10%; `measured`: the measured 18.9 %); compute.overlap-contention in "
+                                       "--explain (docs/residuals.md) [default: off, hidden collectives are "
+                                       "free].")
+Fsdp2CopiesOption = typer.Option(None, "--fsdp2-copies/--no-fsdp2-copies", help="Price FSDP2's all-gather "
+                                 "copy-out and reduce-scatter copy-in on the compute stream for fully sharded "
+                                 "layouts (fsdp.copies in --explain; docs/residuals.md) [default: the --stack's: "
+                                 "on for stacks that run fully_shard, such as torchtitan; else off].")
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,7 @@ class WorkloadOptions:
     selective_policy: str | None
     eager: bool
     stack: str | None
+    terms: ModelTerms = field(default_factory=ModelTerms)  # --stragglers, --overlap-contention, --fsdp2-copies
 
 
 def check_workload_options(given: WorkloadOptions) -> None:
@@ -158,16 +177,18 @@ def plan_request(cat: Catalog, given: WorkloadOptions, gpus: int, top: int) -> P
                        top=top, rank_by=cast(RankBy, given.rank_by),
                        fabric_model=cast(Literal["analytical", "sim"], given.fabric_model),
                        **framework_fields(cat, given.stack, given.overlap_tp, given.dtensor_tp, given.overlap_ep,
-                                          given.ep_dispatch, given.selective_policy, given.eager))
+                                          given.ep_dispatch, given.selective_policy, given.eager, given.terms))
 
 
 def framework_fields(cat: Catalog, stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None,
                      overlap_ep: bool | None, ep_dispatch: str | None, selective_policy: str | None,
-                     eager: bool) -> dict[str, Any]:
-    """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags."""
+                     eager: bool, terms: ModelTerms | None = None) -> dict[str, Any]:
+    """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags and the step
+    model's optional terms."""
     record = cat.stack(stack) if stack is not None else None  # unknown: one line naming the nearest
     options = framework_options(record, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
                                 ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
+    options = (terms or ModelTerms()).apply(options)
     return {"options": options, "attention_kernel": record.value("attention_kernel") if record else None,
             "stack": stack,
             "search_space": stack_search_space(record, SearchSpace()) if record else SearchSpace()}
@@ -261,6 +282,11 @@ def framework_note(request: PlanRequest) -> str | None:
     said = [f"{request.stack}'s documented settings"] if request.stack else []
     if not request.options.fused_elementwise:
         said.append("eager element-wise kernels (no torch.compile)")
+    if request.options.straggler_sigma:
+        said.append(f"stragglers sigma {request.options.straggler_sigma:.2%} over the "
+                    f"{'replicas' if request.options.straggler_scope == 'replicas' else 'job'}")
+    if request.options.overlap_slowdown:
+        said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives")
     return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None
 
 
@@ -274,6 +300,8 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
             "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
             "moe_dropless": options.moe_dropless, "loss_bytes_per_logit": options.loss_bytes_per_logit,
+            "straggler_sigma": options.straggler_sigma, "straggler_scope": options.straggler_scope,
+            "overlap_slowdown": options.overlap_slowdown, "fsdp2_copies": options.fsdp2_copies,
             "logits_bytes_per_element": memory.logits_bytes_per_element,
             "activation_offload": request.search_space.activation_offload,
             "sequence_parallel": request.search_space.sequence_parallel,
@@ -419,6 +447,10 @@ def register(app: typer.Typer) -> None:
         selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption,
         stack: str | None = StackOption,
+        stragglers: str | None = StragglersOption,
+        straggler_scope: str = StragglerScopeOption,
+        overlap_contention: str | None = OverlapContentionOption,
+        fsdp2_copies: bool | None = Fsdp2CopiesOption,
         sites: int = typer.Option(None, "--sites", help="Sites the GPUs split over evenly (1-8), joined by "
                                   "--wan-gbps and --wan-latency; data or pipeline parallelism crosses them "
                                   "(docs/two-sites.md)."),
@@ -443,7 +475,8 @@ def register(app: typer.Typer) -> None:
         cat = open_catalog(with_calibration(catalog, calibration))
         given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
-                                selective_policy, eager, stack)
+                                selective_policy, eager, stack,
+                                parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies))
         check_workload_options(given)
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")

@@ -11,7 +11,9 @@ from rich.table import Table
 
 from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
+from gpufleet.cli.plan import Fsdp2CopiesOption, OverlapContentionOption, StragglerScopeOption, StragglersOption
 from gpufleet.errors import InputError
+from gpufleet.planner.model_terms import parse_model_terms
 
 if TYPE_CHECKING:
     from gpufleet.planner.ranking import GroupRanking
@@ -83,6 +85,10 @@ def register(app: typer.Typer) -> None:
         html_report: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to FILE: a "
                                          "parity plot (one colour per source), the error table and the summary "
                                          "figures (docs/report.md)."),
+        stragglers: str | None = StragglersOption,
+        straggler_scope: str = StragglerScopeOption,
+        overlap_contention: str | None = OverlapContentionOption,
+        fsdp2_copies: bool | None = Fsdp2CopiesOption,
         catalog: list[Path] = CatalogOption,
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
@@ -100,6 +106,10 @@ def register(app: typer.Typer) -> None:
         from gpufleet.planner.validate import predict_run, summarize
 
         out = Output(json)
+        terms = parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
+        if cross_validate and fsdp2_copies is not None:
+            raise InputError("--fsdp2-copies/--no-fsdp2-copies does not reach --cross-validate's refits yet: "
+                             "leave it to each run's stack there")
         if plot is not None:
             from gpufleet.report.plots import check_output_path
 
@@ -126,10 +136,15 @@ def register(app: typer.Typer) -> None:
                                  f"(they use {', '.join(used)}); give a node with one of those GPUs")
         from gpufleet.perf.step import StepOptions
 
-        options = StepOptions(dp_overlap=dp_overlap)
-        predictions = [predict_run(run, cat, options, node_id=node) for run in loaded]
+        options = terms.apply(StepOptions(dp_overlap=dp_overlap))
+        predictions = [predict_run(run, cat, options, node_id=node, fsdp2_copies=terms.fsdp2_copies)
+                       for run in loaded]
         summary = summarize(predictions)
-        data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict()}
+        data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict(),
+                                "options": {"straggler_sigma": terms.straggler_sigma,
+                                            "straggler_scope": terms.straggler_scope,
+                                            "overlap_slowdown": terms.overlap_slowdown,
+                                            "fsdp2_copies": terms.fsdp2_copies}}
         if cross_validate:
             from gpufleet.planner.fit import cross_validate as leave_one_source_out
 

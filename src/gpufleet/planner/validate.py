@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.catalog.calibration import CalibrationProfile
@@ -114,10 +114,12 @@ class RunPrediction:
 
 
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
-                node_id: str | None = None, fitted: Mapping[str, float] | None = None) -> RunPrediction:
+                node_id: str | None = None, fitted: Mapping[str, float] | None = None,
+                fsdp2_copies: bool | None = None) -> RunPrediction:
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by plan's own search (its space,
     narrowed only by what the run's stack lacks, and its memory rule: nothing over HBM). `fitted` replaces the
-    recorded calibration fits' values by fit id (cross-validation)."""
+    recorded calibration fits' values by fit id (cross-validation); `fsdp2_copies` (None: the run's stack's)
+    overrides the stack's FSDP2 copies (`validate --fsdp2-copies`)."""
     result = RunPrediction(run.id, run.quality, run.target.tokens_per_s_per_gpu, published_mfu=run.measured.mfu)
     given = run.layout
     missing_core = [name for name in ("tp", "pp", "dp") if getattr(given, name) is None]
@@ -134,6 +136,8 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         stack, result.stack_defaulted = run_stack(run, catalog)
         result.stack = stack.id
         options = run_step_options(run, catalog, options)
+        if fsdp2_copies is not None:
+            options = replace(options, fsdp2_copies=fsdp2_copies)
         result.eager = not options.fused_elementwise
         result.attention_kernel = calibration.attention_kernel
         fixed = _published_fields(run, job, stack)

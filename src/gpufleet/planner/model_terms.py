@@ -1,0 +1,53 @@
+"""The step model's optional terms as `plan` and `validate` turn them on: waiting for the slowest GPU
+(perf/dp_scaling.py, docs/dp-scaling.md), compute slowed under hidden collectives (perf/overlap_contention.py,
+docs/residuals.md) and FSDP2's copies on the compute stream (perf/fsdp_overheads.py). All off by default except
+FSDP2's copies, which the stack decides (catalog/data/stacks.yaml) unless the user overrides it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, cast
+
+from gpufleet.errors import InputError
+from gpufleet.perf.overlap_contention import OVERLAP_COMPUTE_SLOWDOWN
+from gpufleet.perf.step import StepOptions
+from gpufleet.units import parse_fraction
+
+StragglerScope = Literal["job", "replicas"]
+STRAGGLER_SCOPES: tuple[StragglerScope, ...] = ("job", "replicas")
+#: The largest per-GPU speed spread accepted (judgement: 13x the sourced 1.5 %, dp_scaling.GPU_SPEED_SIGMA; at 20 %
+#: a normal speed model already puts GPUs at zero speed 5 sigma below the median, so a larger value is a typo such
+#: as 2 for 2 %).
+MAX_STRAGGLER_SIGMA = 0.2
+#: `--overlap-contention measured`: the measured slowdown.
+MEASURED = "measured"
+
+
+@dataclass(frozen=True)
+class ModelTerms:
+    """The optional step terms a user asked for; `apply` puts them on a stack's StepOptions."""
+
+    straggler_sigma: float = 0.0
+    straggler_scope: StragglerScope = "job"
+    overlap_slowdown: float = 0.0
+    fsdp2_copies: bool | None = None  # None: the stack's setting
+
+    def apply(self, options: StepOptions) -> StepOptions:
+        copies = options.fsdp2_copies if self.fsdp2_copies is None else self.fsdp2_copies
+        return replace(options, straggler_sigma=self.straggler_sigma, straggler_scope=self.straggler_scope,
+                       overlap_slowdown=self.overlap_slowdown, fsdp2_copies=copies)
+
+
+def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_contention: str | None,
+                      fsdp2_copies: bool | None) -> ModelTerms:
+    """The flags' values as given (None: not given), checked: one line naming the flag when one is wrong."""
+    if straggler_scope not in STRAGGLER_SCOPES:
+        raise InputError(f"--straggler-scope must be job or replicas, got {straggler_scope!r}")
+    sigma = 0.0 if stragglers is None else parse_fraction(stragglers, "--stragglers", most=MAX_STRAGGLER_SIGMA)
+    if overlap_contention is None:
+        slowdown = 0.0
+    elif overlap_contention.strip().lower() == MEASURED:
+        slowdown = OVERLAP_COMPUTE_SLOWDOWN
+    else:
+        slowdown = parse_fraction(overlap_contention, "--overlap-contention (or 'measured')")
+    return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies)
