@@ -84,6 +84,8 @@ def straggler_fraction(gpus: int, sigma: float = GPU_SPEED_SIGMA, already_paced:
                          f"{already_paced}")
     if sigma < 0:
         raise InputError(f"straggler_fraction needs sigma >= 0, got {sigma}")
+    if sigma == 0:  # the term is off (the default): no integral to compute, and no numpy to import
+        return 0.0
     return sigma * (expected_max_normal(gpus) - expected_max_normal(already_paced))
 
 

@@ -229,8 +229,6 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
 def _stragglers_s(ctx: StepContext, pipeline_s: float) -> float:
     """Waiting for the slowest GPU (perf/dp_scaling.py; off unless StepOptions.straggler_sigma > 0)."""
     options, layout = ctx.options, ctx.layout
-    if not options.straggler_sigma:
-        return 0.0
     return straggler_s(pipeline_s, layout.gpus, options.straggler_sigma,
                        layout.gpus // layout.dp if options.straggler_scope == "replicas" else 1)
 
