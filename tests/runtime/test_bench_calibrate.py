@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import socket
 from pathlib import Path
 
@@ -139,6 +140,9 @@ def test_calibrate_runs_the_benches_here(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     [profile] = read_calibration_file(out)
     assert 0 < profile.gemm_fraction_16bit < 0.706 and 0 < profile.hbm_fraction <= 1  # a CPU against an H100's peaks
+    # calibrate without --from runs the host bench too (tests/runtime/test_bench_host.py tests the bench itself)
+    assert "host_s_per_kernel" in yaml.safe_load(out.read_text())["calibrations"][0]
+    assert 0 < profile.host_s_per_kernel < math.inf and "(bench host)" in (profile.note or "")
 
 
 def collectives_json(tmp_path: Path, busbw_gbps: float, per_node: int | None = 8) -> Path:

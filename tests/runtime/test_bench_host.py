@@ -114,15 +114,3 @@ def test_a_bad_figure_is_one_line_and_writes_nothing(tmp_path: Path, value: obje
 def test_bench_bad_ops_is_one_line() -> None:
     line = one_error_line(run_gpufleet("bench", "host", "--ops", "index,softmax"))
     assert "index, matmul, elementwise, cast" in line
-
-
-@pytest.mark.timeout(300)
-def test_calibrate_without_from_runs_the_host_bench_too(tmp_path: Path) -> None:
-    out = tmp_path / "here.yaml"
-    tiny = Path(__file__).parent / "tiny_models.yaml"
-    result = run_gpufleet("calibrate", "--gpu", "h100-sxm", "--model", "tiny-test", "--catalog", str(tiny),
-                          "--tokens", "128", "--out", str(out), "--json")
-    assert result.returncode == 0, result.stderr
-    [profile] = read_calibration_file(out)
-    assert "host_s_per_kernel" in yaml.safe_load(out.read_text())["calibrations"][0]
-    assert 0 < profile.host_s_per_kernel < math.inf and "(bench host)" in (profile.note or "")
