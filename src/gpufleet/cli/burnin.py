@@ -11,9 +11,11 @@ from rich.console import Console
 
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import Output
+from gpufleet.runtime.burnin.config import DEFAULT_MEASURE_ROUNDS, MAX_MEASURE_ROUNDS
 
 if TYPE_CHECKING:
     from gpufleet.runtime.burnin.config import BurninConfig
+    from gpufleet.runtime.burnin.train import BurninResult
 
 HELP = """Train the burn-in GPT under torchrun: FSDP2, CheckpointManager, StepMonitor, one JSON line per step.
 
@@ -27,6 +29,10 @@ Examples:
 
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
         -m gpufleet burnin --measure-host host.yaml --steps 20   # then: gpufleet plan --catalog host.yaml ...
+
+With --measure-host the host is measured in rounds between the training steps (--measure-rounds), the catalog file
+is written at the end, and the planner's step time for the burn-in's own layout on it is printed next to the
+measured one: the loop plan -> run -> measure -> plan again, on your own machine.
 
 gloo on CPU, NCCL on GPUs (--backend to choose). Flags are spelled so that none is a prefix of a torchrun option.
 """
@@ -57,9 +63,14 @@ def register(app: typer.Typer) -> None:
                                          help="Serve StepMonitor's metrics on this port + local rank."),
         plan: Path = typer.Option(None, "--plan", help="A `gpufleet plan --json` file to compare step times with."),
         measure_host: Path = typer.Option(None, "--measure-host",
-                                          help="First measure this host (GEMMs at the model's shapes, attention, "
-                                          "element-wise kernels, the collectives, disk at --checkpoint-dir) and write "
-                                          "a catalog YAML file for it, then train."),
+                                          help="Measure this host (GEMMs at the model's shapes, attention, "
+                                          "element-wise kernels, the collectives as FSDP2 runs them, the optimizer, "
+                                          "disk at --checkpoint-dir) between the training steps, write a catalog "
+                                          "YAML file for it at the end, and compare the plan's step with the run's."),
+        measure_rounds: int = typer.Option(DEFAULT_MEASURE_ROUNDS, "--measure-rounds",
+                                           help="Measurement rounds spread over the run (each figure is the median "
+                                           "over rounds, as the step is the median over steps; more rounds take no "
+                                           f"longer in all). 1 to {MAX_MEASURE_ROUNDS}."),
         measure_clock: str = typer.Option("wall", "--measure-clock",
                                           help="What --measure-host times with: wall seconds, or cpu seconds of "
                                           "each process (on a host other jobs share; compare with the log's cpu_s)."),
@@ -74,14 +85,14 @@ def register(app: typer.Typer) -> None:
                               micro_batch=micro_batch, checkpoint_every=checkpoint_every, keep_last=keep_last, lr=lr,
                               warmup_steps=warmup_steps, seed=seed, threads=threads or None,
                               metrics_port=metrics_port, plan=plan, backend=backend,
-                              measure_clock=measure_clock)
+                              measure_clock=measure_clock, measure_host=measure_host, measure_rounds=measure_rounds)
         identity_from_env()  # outside torchrun: say how to launch, before torch is imported
-        host = _measure(out, config, measure_host) if measure_host is not None else None
         from gpufleet.runtime.burnin.train import run_burnin
 
         result = run_burnin(config)
         if result.rank != 0:
             return
+        host = _write_host(out, config, result)
         data = {"rank": result.rank, "world_size": result.world_size, "restart": result.restart,
                 "resumed_from": result.resumed_from, "first_step": result.first_step, "last_step": result.last_step,
                 "final_loss": result.final_loss, "median_step_s": result.median_step_s, "host": host}
@@ -96,15 +107,21 @@ def register(app: typer.Typer) -> None:
         out.emit(data, render)
 
 
-def _measure(out: Output, config: BurninConfig, path: Path) -> dict[str, object] | None:
-    """Measure the host and write its catalog file (rank 0); the figures for --json, None on other ranks."""
+def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict[str, object] | None:
+    """Rank 0 of a --measure-host run: write the host catalog, price the burn-in's layout on it against the measured
+    step; the figures for --json (None when the host was not measured)."""
+    from gpufleet.runtime.burnin.group import default_backend
     from gpufleet.runtime.burnin.host_catalog import write_host_catalog
-    from gpufleet.runtime.burnin.measure import measure_host
+    from gpufleet.runtime.burnin.loop import check_loop
 
-    measured = measure_host(config)
-    if measured is None:
+    if result.host is None or config.measure_host is None:
         return None
-    write_host_catalog(path, measured, config.shape)
+    write_host_catalog(config.measure_host, result.host, config.shape)
+    steps = result.cpu_s if config.measure_clock == "cpu" else result.step_s
+    on_gpu = (config.backend or default_backend()) == "nccl"
+    check = check_loop(config.measure_host, config, result.world_size, steps, on_gpu=on_gpu)
     if not out.json_mode:
-        out.console.print(measured.summary() + f"\nwrote {path}")
-    return {"catalog": str(path), "measured": measured.as_dict()}
+        out.console.print(result.host.summary() + f"\nwrote {config.measure_host}\n" + check.summary())
+    return {"catalog": str(config.measure_host), "measured": result.host.as_dict(),
+            "loop": {"predicted_step_s": check.predicted_s, "measured_step_s": check.measured_s,
+                     "ratio": check.ratio, "clock": check.clock, "parts_s": check.parts_s}}

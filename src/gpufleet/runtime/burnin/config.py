@@ -14,6 +14,10 @@ from typing import Any
 from gpufleet.errors import InputError
 
 MODEL_ID = "gpufleet-burnin"
+#: Measurement rounds spread over a run (judgement: enough for a median to shrug off one round taken during a
+#: neighbour's burst), and the most allowed (more add little to a median and keep training waiting).
+DEFAULT_MEASURE_ROUNDS = 4
+MAX_MEASURE_ROUNDS = 32
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class BurninConfig:
     backend: str | None = None  # default: nccl when CUDA is available, else gloo
     #: what --measure-host times kernels with: "wall" seconds, or "cpu" seconds of the process (a shared host)
     measure_clock: str = "wall"
+    #: where --measure-host writes the host catalog (None: the host is not measured), and the measurement rounds
+    #: run between training steps for it
+    measure_host: Path | None = None
+    measure_rounds: int = DEFAULT_MEASURE_ROUNDS
 
     def __post_init__(self) -> None:
         for name in ("steps", "micro_batch", "checkpoint_every", "keep_last"):
@@ -76,6 +84,10 @@ class BurninConfig:
             raise InputError(f"--lr must be in (0, 1), got {self.lr}")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"--threads must be >= 1, got {self.threads}")
+        if isinstance(self.measure_rounds, bool) or not isinstance(self.measure_rounds, int) \
+                or not 1 <= self.measure_rounds <= MAX_MEASURE_ROUNDS:
+            raise InputError(f"--measure-rounds must be a whole number from 1 to {MAX_MEASURE_ROUNDS}, got "
+                             f"{self.measure_rounds!r}")
         if self.measure_clock not in ("wall", "cpu"):
             raise InputError(f"--measure-clock must be wall or cpu, got {self.measure_clock!r}")
         if self.backend not in (None, "gloo", "nccl"):

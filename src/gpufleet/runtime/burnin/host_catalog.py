@@ -64,12 +64,14 @@ class HostMeasurement:
     fsdp_block_comm_s: float = 0.0  # FSDP2's collectives, copies and hooks for one block, per micro-batch (0: none)
     optimizer_s_per_param: float | None = None  # the optimizer step per local parameter
     block_params: int = 0  # parameters of one block, as the collectives move them
+    rounds: int = 1  # measurement rounds between training steps; each figure is the median over them
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
-        return (f"{self.hostname}: {self.ranks} ranks x {self.threads_per_rank} threads; bf16 GEMM peak "
+        return (f"{self.hostname}: {self.ranks} ranks x {self.threads_per_rank} threads, median of {self.rounds} "
+                f"round(s); bf16 GEMM peak "
                 f"{self.peak_gemm_flop_per_s / 1e9:.1f} GFLOP/s, attention {self.attention_flop_per_s / 1e9:.1f} "
                 f"GFLOP/s, element-wise {self.elementwise_bytes_per_s / 1e9:.1f} GB/s, all-gather "
                 f"{self.allgather_busbw_bytes_per_s / 1e9:.2f} GB/s bus, reduce-scatter "
@@ -108,7 +110,7 @@ def host_records(measured: HostMeasurement, shape: ModelShape) -> dict[str, list
     """The catalog entries (kind -> records) that describe this host and the burn-in model."""
     measured_on = (f"measured by `gpufleet burnin --measure-host` on {measured.hostname} ({measured.cpu}), "
                    f"{measured.ranks} ranks x {measured.threads_per_rank} threads, {measured.clock} clock, "
-                   f"{measured.date}")
+                   f"median of {measured.rounds} round(s) between training steps, {measured.date}")
     link_bytes_per_s = min(measured.allgather_busbw_bytes_per_s, measured.reduce_scatter_busbw_bytes_per_s)
     peak = measured.peak_gemm_flop_per_s
     gpu = {"id": HOST_GPU_ID, "name": f"one rank's share of {measured.hostname}", "vendor": _vendor(measured.cpu),

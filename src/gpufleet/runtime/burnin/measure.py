@@ -15,16 +15,24 @@ each rank sees the share of cores, caches and memory it will have while training
   parameter, per-tensor dispatch on the sharded (DTensor) parameters included;
 * disk at the checkpoint folder: sequential write with fsync, then read, of one checkpoint's size.
 
-Each figure is the slowest rank's mean over repetitions: collectives every block make every rank wait for the
-slowest, and a step's time is a sum of kernel times, delays included.
+The measurements run in rounds between the burn-in's own training steps (`measure_steps`: one before the first step,
+the rest spread over the run), in the training's process group, with the RNG state set aside so that training is
+unchanged. A round's figure is the slowest rank's mean over repetitions (collectives every block make every rank
+wait for the slowest, and a step's time is a sum of kernel times, delays included); the host's figure is the median
+over rounds, as the burn-in's step is the median over steps. Other jobs on a shared host then weigh on both sides
+alike: one round measured during a neighbour's burst moves the median as little as one slow step moves the
+burn-in's (`scripts/burnin_loop.py --load 4 --bursty` shows the difference).
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import os
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +40,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gpufleet.runtime.burnin.config import BurninConfig, identity_from_env
-from gpufleet.runtime.burnin.group import default_backend, device_for, join_group
+from gpufleet.runtime.burnin.config import BurninConfig
 from gpufleet.runtime.burnin.host_catalog import HostMeasurement
 
-#: Each timed kernel runs until this much time has passed (and at least MIN_REPEATS times), after two warm-up runs
-#: (judgement: long enough that a busy neighbour's share of the cores shows in the mean as it does in a step).
+#: Each timed kernel runs until this much time has passed over all rounds (and at least MIN_REPEATS times a round),
+#: after two warm-up runs (judgement: long enough that a busy neighbour's share of the cores shows in the mean as it
+#: does in a step).
 MIN_MEASURE_S = 0.25
 MIN_REPEATS = 3
-#: Collectives run a fixed count instead (every rank must call each one equally often).
+#: Collectives run a fixed count instead (every rank must call each one equally often), shared out over the rounds
+#: too (at least MIN_REPEATS a round).
 COLLECTIVE_REPEATS = 10
 #: The square GEMM that sets the peak (judgement: large enough to leave the shape curve's knee on any CPU or GPU).
 PEAK_GEMM_DIM = 2048
@@ -51,22 +60,52 @@ PEAK_GEMM_DIM = 2048
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def timed_s(run: Callable[[], Any], sync: Callable[[], None] = lambda: None, clock: str = "wall",
-            repeats: int | None = None) -> float:
-    """Mean seconds of `run()` (after two warm-up calls) over at least MIN_REPEATS calls and MIN_MEASURE_S of
-    wall time, or exactly `repeats` calls: the mean, not the median, since a step's time is the sum of its kernels'
-    times, delays included."""
-    read = CLOCKS[clock]
-    for _ in range(2):
-        run()
-    sync()
-    done, started, started_wall = 0, read(), time.perf_counter()
-    while (done < repeats if repeats is not None
-           else done < MIN_REPEATS or time.perf_counter() - started_wall < MIN_MEASURE_S):
-        run()
-        done += 1
-        sync()
-    return (read() - started) / done
+def _no_sync() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Timer:
+    """How one round times its kernels: the clock, the device sync around each timing, the wall time each kernel
+    runs for and the count each collective runs (MIN_MEASURE_S and COLLECTIVE_REPEATS shared out over the rounds,
+    so that more rounds take little longer in all)."""
+
+    clock: str = "wall"
+    sync: Callable[[], None] = _no_sync
+    min_measure_s: float = MIN_MEASURE_S
+    collective_repeats: int = COLLECTIVE_REPEATS
+
+    def mean_s(self, run: Callable[[], Any], repeats: int | None = None) -> float:
+        """Mean seconds of `run()` (after two warm-up calls) over at least MIN_REPEATS calls and `min_measure_s`
+        of wall time, or exactly `repeats` calls: the mean, not the median, since a step's time is the sum of its
+        kernels' times, delays included."""
+        read = CLOCKS[self.clock]
+        for _ in range(2):
+            run()
+        self.sync()
+        done, started, started_wall = 0, read(), time.perf_counter()
+        while (done < repeats if repeats is not None
+               else done < MIN_REPEATS or time.perf_counter() - started_wall < self.min_measure_s):
+            run()
+            done += 1
+            self.sync()
+        return (read() - started) / done
+
+
+def timer_for(config: BurninConfig, device: torch.device, rounds: int = 1) -> Timer:
+    sync = torch.cuda.synchronize if device.type == "cuda" else _no_sync
+    rounds = max(1, rounds)
+    return Timer(clock=config.measure_clock, sync=sync, min_measure_s=MIN_MEASURE_S / rounds,
+                 collective_repeats=max(MIN_REPEATS, math.ceil(COLLECTIVE_REPEATS / rounds)))
+
+
+def measure_steps(first: int, last: int, rounds: int) -> tuple[int, ...]:
+    """The steps before which a measurement round runs: the first step, then the rest spread evenly over the steps
+    `first`..`last` (fewer rounds than asked when there are fewer steps; none when there are no steps)."""
+    steps = last - first + 1
+    if steps < 1 or rounds < 1:
+        return ()
+    return tuple(sorted({first + (k * steps) // rounds for k in range(rounds)}))
 
 
 def model_gemm_shapes(config: BurninConfig) -> list[tuple[int, int, int, int]]:
@@ -81,14 +120,13 @@ def model_gemm_shapes(config: BurninConfig) -> list[tuple[int, int, int, int]]:
     return [shape for m, n, k, count in forward for shape in ((m, n, k, count), (m, k, n, count), (n, k, m, count))]
 
 
-def gemm_flop_per_s(m: int, n: int, k: int, device: torch.device, sync: Callable[[], None],
-                    clock: str = "wall") -> float:
+def gemm_flop_per_s(m: int, n: int, k: int, device: torch.device, timer: Timer) -> float:
     a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     b = torch.randn(k, n, dtype=torch.bfloat16, device=device)
-    return 2 * m * n * k / timed_s(lambda: a @ b, sync=sync, clock=clock)
+    return 2 * m * n * k / timer.mean_s(lambda: a @ b)
 
 
-def attention_flop_per_s(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+def attention_flop_per_s(config: BurninConfig, device: torch.device, timer: Timer) -> float:
     """Causal SDPA forward + backward at the model's shape; FLOPs as gpufleet's compute model counts them
     (causal forward: 2·s·heads·2·head_dim / 2 per token, backward 2.5x the forward)."""
     s = config.shape
@@ -103,10 +141,10 @@ def attention_flop_per_s(config: BurninConfig, device: torch.device, sync: Calla
 
     tokens = config.micro_batch * s.seq_len
     forward_flops = tokens * 2 * s.seq_len * s.heads * 2 * head_dim / 2
-    return forward_flops * (1 + 2.5) / timed_s(run, sync=sync, clock=config.measure_clock)
+    return forward_flops * (1 + 2.5) / timer.mean_s(run)
 
 
-def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, timer: Timer) -> float:
     """The bandwidth with which gpufleet's compute model reproduces the time of one block's element-wise kernels,
     forward and backward: the model charges 12 passes over the hidden width (norms, residual adds) and 2 over the
     MLP width (activation) forward, in bf16, and twice that backward; measured here are the kernels the block
@@ -123,7 +161,7 @@ def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, sync: Ca
         (second.sum() + F.gelu(wide).sum()).backward()
 
     forward_bytes = 2 * tokens * (12 * s.hidden + 2 * s.ffn_hidden)
-    return 3 * forward_bytes / timed_s(run, sync=sync, clock=config.measure_clock)
+    return 3 * forward_bytes / timer.mean_s(run)
 
 
 def block_parameters(config: BurninConfig, world: int) -> int:
@@ -132,7 +170,7 @@ def block_parameters(config: BurninConfig, world: int) -> int:
     return math.ceil((4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn_hidden + 2 * s.hidden) / world) * world
 
 
-def collective_busbw(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> tuple[float, float]:
+def collective_busbw(config: BurninConfig, device: torch.device, timer: Timer) -> tuple[float, float]:
     """(all-gather, reduce-scatter) bus bandwidth at one block's parameter count: bf16 gather, fp32 reduce."""
     world = dist.get_world_size()
     shard = block_parameters(config, world) // world
@@ -141,26 +179,23 @@ def collective_busbw(config: BurninConfig, device: torch.device, sync: Callable[
     grads = torch.randn(shard * world, dtype=torch.float32, device=device)
     reduced = torch.empty(shard, dtype=torch.float32, device=device)
     factor = (world - 1) / world  # nccl-tests' bus factor for both
-    clock, repeats = config.measure_clock, COLLECTIVE_REPEATS
-    gather_s = timed_s(lambda: dist.all_gather_into_tensor(gathered, local), sync, clock, repeats)
-    reduce_s = timed_s(lambda: dist.reduce_scatter_tensor(reduced, grads), sync, clock, repeats)
+    gather_s = timer.mean_s(lambda: dist.all_gather_into_tensor(gathered, local), timer.collective_repeats)
+    reduce_s = timer.mean_s(lambda: dist.reduce_scatter_tensor(reduced, grads), timer.collective_repeats)
     return gathered.numel() * 2 * factor / gather_s, grads.numel() * 4 * factor / reduce_s
 
 
-def fsdp_block_comm_s(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+def fsdp_block_comm_s(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer) -> float:
     """Seconds per micro-batch that FSDP2's handling of one block adds (all-gather before forward and again before
     backward, reduce-scatter after it, with their buffer copies and hooks): one block under `fully_shard` (inside a
     parameterless root, so that it reshards after forward as the burn-in's blocks do) run forward and backward over
     one token, less the same block unsharded in bf16 over one token. Both run a fixed count (every rank must
     all-gather equally often)."""
     from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from gpufleet.runtime.burnin.model import Block
 
     s = config.shape
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     sharded = nn.Sequential(Block(s).to(device))
     fully_shard(sharded[0], mesh=mesh, mp_policy=policy)
@@ -175,38 +210,34 @@ def fsdp_block_comm_s(config: BurninConfig, device: torch.device, sync: Callable
             module.zero_grad(set_to_none=True)
         return run
 
-    clock = config.measure_clock
-    with_fsdp = timed_s(one_token(sharded, torch.float32), sync, clock, COLLECTIVE_REPEATS)
-    without = timed_s(one_token(plain, torch.bfloat16), sync, clock, COLLECTIVE_REPEATS)
+    with_fsdp = timer.mean_s(one_token(sharded, torch.float32), timer.collective_repeats)
+    without = timer.mean_s(one_token(plain, torch.bfloat16), timer.collective_repeats)
     return max(with_fsdp - without, 0.0)
 
 
-def optimizer_s_per_param(config: BurninConfig, device: torch.device, sync: Callable[[], None]) -> float:
+def optimizer_s_per_param(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer) -> float:
     """Seconds per local parameter of one AdamW step (the optimizer the burn-in builds) over the FSDP2-sharded burn-in
     model. Each timed step follows a forward and backward over one token (untimed), as in training, where the step
     finds the gradients FSDP2 just reduce-scattered (measured: back-to-back steps alone ran 1.2-2x slower per step on
-    the CI machine); the mean over COLLECTIVE_REPEATS steps (the backward's collectives need a fixed count)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
+    the CI machine); the mean over the timer's fixed count of steps (the backward's collectives need one)."""
     from gpufleet.runtime.burnin.model import build_model, loss_fn
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     model = build_model(config.shape, mesh, config.seed, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr_at(1), weight_decay=0.1)
     token = torch.zeros(1, 1, dtype=torch.long, device=device)
-    read = CLOCKS[config.measure_clock]
+    read = CLOCKS[timer.clock]
     local = sum(param.to_local().numel() if hasattr(param, "to_local") else param.numel()
                 for param in model.parameters())
     spent = 0.0
-    for repeat in range(2 + COLLECTIVE_REPEATS):  # two warm-up steps first
+    for repeat in range(2 + timer.collective_repeats):  # two warm-up steps first
         loss_fn(model(token), token).backward()
-        sync()
+        timer.sync()
         started = read()
         optimizer.step()
-        sync()
+        timer.sync()
         spent += read() - started if repeat >= 2 else 0.0
         optimizer.zero_grad(set_to_none=True)
-    return spent / COLLECTIVE_REPEATS / local
+    return spent / timer.collective_repeats / local
 
 
 def disk_bytes_per_s(folder: Path, size_bytes: int) -> tuple[float, float]:
@@ -254,52 +285,54 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _local_figures(config: BurninConfig, device: torch.device) -> list[float]:
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    clock = config.measure_clock
-    peak = gemm_flop_per_s(PEAK_GEMM_DIM, PEAK_GEMM_DIM, PEAK_GEMM_DIM, device, sync, clock)
-    shapes = [gemm_flop_per_s(m, n, k, device, sync, clock) for m, n, k, _ in model_gemm_shapes(config)]
-    attention = attention_flop_per_s(config, device, sync)
-    elementwise = elementwise_bytes_per_s(config, device, sync)
-    gather, reduce = collective_busbw(config, device, sync)
-    fsdp_s = fsdp_block_comm_s(config, device, sync)
-    optimizer_s = optimizer_s_per_param(config, device, sync)
+def _local_figures(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer) -> list[float]:
+    """This rank's figures for one round, each as a rate (so that the slowest rank's is the smallest; seconds
+    inverted, 0 s as infinity), in the order `host_measurement` reads them."""
+    peak = gemm_flop_per_s(PEAK_GEMM_DIM, PEAK_GEMM_DIM, PEAK_GEMM_DIM, device, timer)
+    shapes = [gemm_flop_per_s(m, n, k, device, timer) for m, n, k, _ in model_gemm_shapes(config)]
+    attention = attention_flop_per_s(config, device, timer)
+    elementwise = elementwise_bytes_per_s(config, device, timer)
+    gather, reduce = collective_busbw(config, device, timer)
+    fsdp_s = fsdp_block_comm_s(config, device, mesh, timer)
+    optimizer_s = optimizer_s_per_param(config, device, mesh, timer)
     write, read = disk_bytes_per_s(Path(config.checkpoint_dir), checkpoint_bytes(config) // dist.get_world_size())
-    # every figure as a rate, so that the slowest rank's is the smallest (seconds inverted; 0 s stays 0)
     return [peak, *shapes, attention, elementwise, gather, reduce, 1 / fsdp_s if fsdp_s > 0 else math.inf,
             1 / optimizer_s, write, read]
 
 
-def measure_host(config: BurninConfig) -> HostMeasurement | None:
-    """Measure under torchrun (every rank at once); rank 0 gets the result, the others None."""
-    me = identity_from_env()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    backend = config.backend or default_backend()
-    join_group(me, backend, phase="measure")
-    try:
-        device = device_for(backend, me)
-        mine = torch.tensor(_local_figures(config, device), dtype=torch.float64, device=device)
-        every = [torch.zeros_like(mine) for _ in range(me.world_size)]
-        dist.all_gather(every, mine)  # on the device: NCCL gathers device tensors only
-        slowest = torch.stack(every).min(dim=0).values.cpu().tolist()  # every figure is a rate: the slowest rank's
-    finally:
-        dist.destroy_process_group()
-    if me.rank != 0:
-        return None
+def measure_round(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer) -> list[float]:
+    """One round on every rank at once, inside the training's process group (every rank must call it at the same
+    step): the slowest rank's figure for each, on every rank. The RNG state is set aside around it (the kernels'
+    random inputs and the measured model's initialisation must not change what training draws) and what it
+    allocated is freed."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        mine = torch.tensor(_local_figures(config, device, mesh, timer), dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)  # on the device: NCCL gathers device tensors only
+    slowest: list[float] = torch.stack(every).min(dim=0).values.cpu().tolist()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return slowest
+
+
+def host_measurement(config: BurninConfig, rounds: Sequence[Sequence[float]], ranks: int) -> HostMeasurement:
+    """The host's figures: each the median over the rounds of the slowest rank's (module docstring)."""
+    figures = [statistics.median(values) for values in zip(*rounds, strict=True)]
     shapes = model_gemm_shapes(config)
-    rates = slowest[1:1 + len(shapes)]
-    peak = max(slowest[0], *rates)
-    attention, elementwise, gather, reduce, fsdp_rate, optimizer_rate, write, read = slowest[1 + len(shapes):]
+    rates = figures[1:1 + len(shapes)]
+    peak = max(figures[0], *rates)
+    attention, elementwise, gather, reduce, fsdp_rate, optimizer_rate, write, read = figures[1 + len(shapes):]
     import socket
 
     return HostMeasurement(
-        hostname=socket.gethostname(), cpu=_cpu_name(), ranks=me.world_size, threads_per_rank=torch.get_num_threads(),
+        hostname=socket.gethostname(), cpu=_cpu_name(), ranks=ranks, threads_per_rank=torch.get_num_threads(),
         peak_gemm_flop_per_s=peak,
         gemm_shapes=tuple((m, n, k, count, rate) for (m, n, k, count), rate in zip(shapes, rates, strict=True)),
         attention_flop_per_s=attention, elementwise_bytes_per_s=elementwise, allgather_busbw_bytes_per_s=gather,
         reduce_scatter_busbw_bytes_per_s=reduce, disk_write_bytes_per_s=write, disk_read_bytes_per_s=read,
         fsdp_block_comm_s=1 / fsdp_rate if math.isfinite(fsdp_rate) else 0.0, optimizer_s_per_param=1 / optimizer_rate,
-        block_params=block_parameters(config, me.world_size),
+        block_params=block_parameters(config, ranks),
         ram_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-        date=time.strftime("%Y-%m-%d", time.gmtime()), clock=config.measure_clock)
+        date=time.strftime("%Y-%m-%d", time.gmtime()), clock=config.measure_clock, rounds=len(rounds))

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from gpufleet.runtime.burnin import data
 from gpufleet.runtime.burnin.config import BurninConfig, Identity, identity_from_env
 from gpufleet.runtime.burnin.group import default_backend, device_for, join_group
+from gpufleet.runtime.burnin.host_catalog import HostMeasurement
 from gpufleet.runtime.burnin.model import build_model, loss_fn
 
 LOG = logging.getLogger("gpufleet.burnin")
@@ -35,7 +36,8 @@ LOG = logging.getLogger("gpufleet.burnin")
 
 @dataclass(frozen=True)
 class BurninResult:
-    """What one process of the run did: the steps it ran, where it resumed, its step times (seconds)."""
+    """What one process of the run did: the steps it ran, where it resumed, its step times (wall seconds, and its
+    process CPU seconds), and on rank 0 of a --measure-host run the host's measurements."""
 
     rank: int
     world_size: int
@@ -45,6 +47,8 @@ class BurninResult:
     last_step: int
     final_loss: float | None
     step_s: tuple[float, ...]
+    cpu_s: tuple[float, ...] = ()
+    host: HostMeasurement | None = None
 
     @property
     def median_step_s(self) -> float | None:
@@ -116,7 +120,8 @@ def _train_step(model: Any, optimizer: Any, config: BurninConfig, me: Identity, 
 
 
 def run_burnin(config: BurninConfig) -> BurninResult:
-    """Join the group, resume if a checkpoint exists, train to `config.steps`, checkpoint on the way."""
+    """Join the group, resume if a checkpoint exists, train to `config.steps`, checkpoint on the way; with
+    `config.measure_host`, measure the host in rounds between the steps (`measure.measure_steps`)."""
     from gpufleet.runtime.checkpoint import CheckpointManager
     from gpufleet.runtime.monitor.step_monitor import StepMonitor
 
@@ -139,24 +144,55 @@ def run_burnin(config: BurninConfig) -> BurninResult:
         torch.manual_seed(config.seed + me.rank)  # the per-rank stream the checkpoint carries
         resumed = _resume(manager, model, optimizer, me)
         first = 1 if resumed is None else resumed + 1
+        measuring = _Measuring(config, device, mesh, first)
         table = data.successor_table(config.shape.vocab, config.seed)
         tokens = config.micro_batch * config.shape.seq_len
         times: list[float] = []
+        cpu_times: list[float] = []
         loss: float | None = None
         for step in range(first, config.steps + 1):
+            measuring.before(step)
             started, started_cpu = time.perf_counter(), time.process_time()
             with monitor.step(tokens=tokens):
                 loss = _train_step(model, optimizer, config, me, step, table, device, monitor)
             times.append(time.perf_counter() - started)
-            log.write({"step": step, "loss": loss, "step_s": times[-1], "cpu_s": time.process_time() - started_cpu,
+            cpu_times.append(time.process_time() - started_cpu)
+            log.write({"step": step, "loss": loss, "step_s": times[-1], "cpu_s": cpu_times[-1],
                        "tokens": tokens * me.world_size,
                        "lr": config.lr_at(step), "restart": me.restart, "resumed_from": resumed})
             if step % config.checkpoint_every == 0 or step == config.steps:
                 with monitor.checkpoint():
                     manager.save(_state(model, optimizer, me, step), step, blocking=step == config.steps)
         manager.close()
-        return BurninResult(me.rank, me.world_size, me.restart, resumed, first, config.steps, loss, tuple(times))
+        return BurninResult(me.rank, me.world_size, me.restart, resumed, first, config.steps, loss, tuple(times),
+                            tuple(cpu_times), measuring.result(me))
     finally:
         log.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _Measuring:
+    """The host measurement rounds of a --measure-host run, before the steps `measure_steps` picks."""
+
+    def __init__(self, config: BurninConfig, device: torch.device, mesh: Any, first: int) -> None:
+        from gpufleet.runtime.burnin import measure
+
+        self.config, self.device, self.mesh = config, device, mesh
+        rounds = config.measure_rounds if config.measure_host is not None else 0
+        self.at = set(measure.measure_steps(first, config.steps, rounds))
+        self.timer = measure.timer_for(config, device, len(self.at))
+        self.rounds: list[list[float]] = []
+
+    def before(self, step: int) -> None:
+        if step in self.at:
+            from gpufleet.runtime.burnin.measure import measure_round
+
+            self.rounds.append(measure_round(self.config, self.device, self.mesh, self.timer))
+
+    def result(self, me: Identity) -> HostMeasurement | None:
+        if me.rank != 0 or not self.rounds:
+            return None
+        from gpufleet.runtime.burnin.measure import host_measurement
+
+        return host_measurement(self.config, self.rounds, me.world_size)
