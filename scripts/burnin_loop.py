@@ -26,7 +26,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"layers": 2, "hidden": 384, "heads": 6, "ffn_hidden": 1536, "vocab": 1024, "seq_len": 128}
-MICRO_BATCH, RANKS, STEPS = 4, 2, 12
+MICRO_BATCH, RANKS, STEPS = 4, 2, 24  # as tests/runtime/test_burnin.py measures
 
 
 def _hog(bursty: bool, seed: int) -> None:  # pragma: no cover - runs in a child until killed
@@ -52,14 +52,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def trial(folder: Path, extra: list[str]) -> dict[str, object]:
+def trial(folder: Path, extra: list[str], steps: int = STEPS) -> dict[str, object]:
     from gpufleet.runtime.burnin.config import BurninConfig, ModelShape
     from gpufleet.runtime.burnin.loop import check_loop
 
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in SHAPE.items()]
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(RANKS),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "gpufleet", "burnin",
-            "--steps", str(STEPS), "--checkpoint-every", str(STEPS), "--checkpoint-dir", str(folder / "ckpt"),
+            "--steps", str(steps), "--checkpoint-every", str(steps), "--checkpoint-dir", str(folder / "ckpt"),
             "--log-file", str(folder / "log.jsonl"), "--micro-batch", str(MICRO_BATCH), *flags,
             "--measure-host", str(folder / "host.yaml"), "--measure-clock", "cpu", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -68,7 +68,7 @@ def trial(folder: Path, extra: list[str]) -> dict[str, object]:
     if done.returncode != 0:
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
     log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-    config = BurninConfig(steps=STEPS, checkpoint_dir=folder, log_file=folder / "log.jsonl",
+    config = BurninConfig(steps=steps, checkpoint_dir=folder, log_file=folder / "log.jsonl",
                           shape=ModelShape(**SHAPE), micro_batch=MICRO_BATCH, measure_clock="cpu")
     check = check_loop(folder / "host.yaml", config, RANKS, [line["cpu_s"] for line in log])
     header = [line[2:] for line in (folder / "host.yaml").read_text().splitlines()[1:] if line.startswith("# ")]
@@ -81,6 +81,7 @@ def trial(folder: Path, extra: list[str]) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS, help="burn-in steps per trial")
     parser.add_argument("--load", type=int, default=0, help="busy neighbour processes during every trial")
     parser.add_argument("--bursty", action="store_true", help="neighbours busy and idle by turns (0.3-3 s each)")
     parser.add_argument("--burnin-arg", action="append", default=[], help="an extra burn-in flag (repeatable)")
@@ -93,7 +94,7 @@ def main() -> None:
     try:
         for number in range(1, args.trials + 1):
             with tempfile.TemporaryDirectory() as folder:
-                result = trial(Path(folder), args.burnin_arg)
+                result = trial(Path(folder), args.burnin_arg, args.steps)
             ratios.append(float(result["ratio"]))  # type: ignore[arg-type]
             print(f"trial {number}: {result['summary']}; FSDP2 per block {result['fsdp_block_comm_ms']:.2f} ms, "
                   f"optimizer {result['optimizer_ns_per_param']:.2f} ns/param", flush=True)

@@ -16,7 +16,7 @@ from gpufleet.errors import InputError
 MODEL_ID = "gpufleet-burnin"
 #: Measurement rounds spread over a run (judgement: enough for a median to shrug off one round taken during a
 #: neighbour's burst), and the most allowed (more add little to a median and keep training waiting).
-DEFAULT_MEASURE_ROUNDS = 4
+DEFAULT_MEASURE_ROUNDS = 8
 MAX_MEASURE_ROUNDS = 32
 
 
