@@ -53,8 +53,11 @@ def _free_port() -> int:
 
 
 def trial(folder: Path, extra: list[str], steps: int = STEPS) -> dict[str, object]:
-    from gpufleet.runtime.burnin.config import BurninConfig, ModelShape
-    from gpufleet.runtime.burnin.loop import check_loop
+    from gpufleet.catalog.registry import Catalog
+    from gpufleet.planner.fixed_layout import eager_fsdp_step
+    from gpufleet.runtime.burnin.config import MODEL_ID
+    from gpufleet.runtime.burnin.host_catalog import HOST_GPU_ID, HOST_NODE_ID
+    from gpufleet.runtime.burnin.loop import LoopCheck, measured_step
 
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in SHAPE.items()]
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(RANKS),
@@ -68,9 +71,10 @@ def trial(folder: Path, extra: list[str], steps: int = STEPS) -> dict[str, objec
     if done.returncode != 0:
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
     log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-    config = BurninConfig(steps=steps, checkpoint_dir=folder, log_file=folder / "log.jsonl",
-                          shape=ModelShape(**SHAPE), micro_batch=MICRO_BATCH, measure_clock="cpu")
-    check = check_loop(folder / "host.yaml", config, RANKS, [line["cpu_s"] for line in log])
+    step = eager_fsdp_step(Catalog((folder / "host.yaml",)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID, RANKS,
+                           SHAPE["seq_len"], MICRO_BATCH, overlap=False)
+    check = LoopCheck(predicted_s=step.step_s, measured_s=measured_step([line["cpu_s"] for line in log]),
+                      parts_s={name: part.exposed_s for name, part in step.parts.items()}, clock="cpu")
     header = [line[2:] for line in (folder / "host.yaml").read_text().splitlines()[1:] if line.startswith("# ")]
     measured = yaml.safe_load("\n".join(header))["measured"]
     return {"ratio": check.ratio, "summary": check.summary(),
