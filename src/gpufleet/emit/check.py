@@ -25,7 +25,7 @@ class CheckReport:
     def as_dict(self) -> dict[str, Any]:
         return {"files": [{"path": str(f.path), "kind": f.kind, "degrees": f.degrees, "micro_batch": f.micro_batch,
                            "global_batch": f.global_batch, "gradient_accumulation": f.gradient_accumulation,
-                           "gpus": f.gpus} for f in self.files],
+                           "gpus": f.gpus, "sharding": f.sharding, "precision": f.precision} for f in self.files],
                 "gpus": self.gpus, "consistent": not self.problems, "problems": self.problems, "notes": self.notes,
                 "expected": self.expected}
 
