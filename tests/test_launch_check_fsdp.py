@@ -5,12 +5,14 @@ calls a problem or a note) a real FSDP wrapper built with each value in a one-ra
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from clirun import one_error_line, run_gpufleet
 from gpufleet.catalog.registry import Catalog
@@ -152,7 +154,11 @@ def test_a_correct_config_has_no_problems_and_feeds_the_estimate(tmp_path: Path)
     found = read_file(path)
     assert found.problems == [] and found.notes == []
     assert (found.sharding, found.precision) == ("zero2", "bf16")
-    report = check_files(Catalog(), [path], "llama3-8b", "h100-sxm", 8).as_dict()  # what --model prints
+    checked = check_files(Catalog(), [path], "llama3-8b", "h100-sxm", 8)  # what --model prints
+    shown = io.StringIO()
+    checked.render(Console(file=shown, width=160))
+    assert shown.getvalue().startswith(f"{path} (fsdp): no degrees stated, sharding zero2, precision bf16\n")
+    report = checked.as_dict()
     assert report["consistent"] and report["files"][0]["sharding"] == "zero2"
     assert report["expected"]["layout"].split() == ["tp1", "pp1", "dp8", "mb1", "zero2"]
 

@@ -31,8 +31,10 @@ class CheckReport:
 
     def render(self, console: Console) -> None:
         for item in self.files:
-            console.print(f"{item.path} ({item.kind}): " + (", ".join(f"{k} {v}" for k, v in item.degrees.items())
-                                                            or "no degrees stated"))
+            stated = ", ".join(f"{k} {v}" for k, v in item.degrees.items()) or "no degrees stated"
+            if item.kind == "fsdp":  # what an FSDP dict states instead
+                stated += f", sharding {item.sharding or '?'}, precision {item.precision or 'not set'}"
+            console.print(f"{item.path} ({item.kind}): {stated}")
         for note in self.notes:
             console.print(f"  note: {note}")
         for problem in self.problems:
