@@ -147,6 +147,7 @@ def test_sharding_strategy_maps_to_gpufleets_names(tmp_path: Path, strategy: str
                                                    sharding: str | None) -> None:
     found = read_file(_write(tmp_path / "f.json", json.dumps({"sharding_strategy": strategy})))
     assert found.sharding == sharding and not found.problems
+    assert ("no gpufleet equivalent" in " ".join(found.notes)) == (sharding is None)
 
 
 def test_a_correct_config_has_no_problems_and_feeds_the_estimate(tmp_path: Path) -> None:
@@ -235,3 +236,9 @@ def test_without_torch_the_check_is_one_line(tmp_path: Path, monkeypatch: pytest
             read_file(path)
     finally:
         fsdp_api.cache_clear()
+
+
+def test_launch_help_names_the_fsdp_kind() -> None:
+    shown = run_gpufleet("launch", "--help")
+    assert shown.returncode == 0 and "a PyTorch FSDP keyword" in shown.stdout
+    assert "launch --check fsdp_config.py" in shown.stdout  # the example

@@ -187,6 +187,9 @@ def read(path: Path, data: dict[str, Any]) -> ReadConfig:
             _check_value(found, api, key, value)
     strategy = _member(data.get("sharding_strategy") or "FULL_SHARD", "ShardingStrategy", api.sharding_strategies)
     found.sharding = SHARDING_NAMES.get(strategy or "")
+    if strategy is not None and found.sharding is None:
+        found.notes.append(f"sharding_strategy {strategy} has no gpufleet equivalent: --model estimates it as "
+                           "unsharded")
     precision = data.get("mixed_precision")
     if isinstance(precision, dict) and isinstance(precision.get("param_dtype"), str):
         found.precision = PRECISION_NAMES.get(precision["param_dtype"].removeprefix("torch."))
