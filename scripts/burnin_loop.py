@@ -52,25 +52,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def trial(folder: Path, extra: list[str], steps: int = STEPS) -> dict[str, object]:
-    from gpufleet.runtime.burnin.config import BurninConfig, ModelShape
-    from gpufleet.runtime.burnin.loop import check_loop
+def trial(folder: Path, extra: list[str], steps: int = STEPS, clock: str = "cpu") -> dict[str, object]:
+    from gpufleet.catalog.registry import Catalog
+    from gpufleet.planner.fixed_layout import eager_fsdp_step
+    from gpufleet.runtime.burnin.config import MODEL_ID
+    from gpufleet.runtime.burnin.host_catalog import HOST_GPU_ID, HOST_NODE_ID
+    from gpufleet.runtime.burnin.loop import LoopCheck, measured_step
 
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in SHAPE.items()]
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(RANKS),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "gpufleet", "burnin",
             "--steps", str(steps), "--checkpoint-every", str(steps), "--checkpoint-dir", str(folder / "ckpt"),
             "--log-file", str(folder / "log.jsonl"), "--micro-batch", str(MICRO_BATCH), *flags,
-            "--measure-host", str(folder / "host.yaml"), "--measure-clock", "cpu", *extra]
+            "--measure-host", str(folder / "host.yaml"), "--measure-clock", clock, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
     log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-    config = BurninConfig(steps=steps, checkpoint_dir=folder, log_file=folder / "log.jsonl",
-                          shape=ModelShape(**SHAPE), micro_batch=MICRO_BATCH, measure_clock="cpu")
-    check = check_loop(folder / "host.yaml", config, RANKS, [line["cpu_s"] for line in log])
+    step = eager_fsdp_step(Catalog((folder / "host.yaml",)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID, RANKS,
+                           SHAPE["seq_len"], MICRO_BATCH, overlap=False)
+    seconds = [line["cpu_s" if clock == "cpu" else "step_s"] for line in log]
+    check = LoopCheck(predicted_s=step.step_s, measured_s=measured_step(seconds),
+                      parts_s={name: part.exposed_s for name, part in step.parts.items()}, clock=clock)
     header = [line[2:] for line in (folder / "host.yaml").read_text().splitlines()[1:] if line.startswith("# ")]
     measured = yaml.safe_load("\n".join(header))["measured"]
     return {"ratio": check.ratio, "summary": check.summary(),
@@ -82,6 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=STEPS, help="burn-in steps per trial")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="what both sides are timed with (--measure-clock; the log's cpu_s or step_s)")
     parser.add_argument("--load", type=int, default=0, help="busy neighbour processes during every trial")
     parser.add_argument("--bursty", action="store_true", help="neighbours busy and idle by turns (0.3-3 s each)")
     parser.add_argument("--burnin-arg", action="append", default=[], help="an extra burn-in flag (repeatable)")
@@ -94,7 +101,7 @@ def main() -> None:
     try:
         for number in range(1, args.trials + 1):
             with tempfile.TemporaryDirectory() as folder:
-                result = trial(Path(folder), args.burnin_arg, args.steps)
+                result = trial(Path(folder), args.burnin_arg, args.steps, args.clock)
             ratios.append(float(result["ratio"]))  # type: ignore[arg-type]
             print(f"trial {number}: {result['summary']}; FSDP2 per block {result['fsdp_block_comm_ms']:.2f} ms, "
                   f"optimizer {result['optimizer_ns_per_param']:.2f} ns/param", flush=True)

@@ -17,7 +17,7 @@ from gpufleet.workload.params import count_params
 
 REQUIRED_GPUS = {
     "a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm", "h100-pcie", "h100-sxm-96gb", "h800-sxm",
-    "h200-sxm", "b200", "gb200", "mi300x", "mi325x", "mi355x",
+    "h200-sxm", "b200", "gb200", "mi300x", "mi325x", "mi350x", "mi355x",
 }
 REQUIRED_MODELS = {
     "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",

@@ -28,7 +28,7 @@ Examples:
         -m gpufleet burnin --steps 50 --checkpoint-dir ckpt --log-file burnin.jsonl
 
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
-        -m gpufleet burnin --measure-host host.yaml --steps 20   # then: gpufleet plan --catalog host.yaml ...
+        -m gpufleet burnin --measure-host host.yaml --steps 24   # ends: plan vs measured step
 
 With --measure-host the host is measured in rounds between the training steps (--measure-rounds), the catalog file
 is written at the end, and the planner's step time for the burn-in's own layout on it is printed next to the
@@ -110,18 +110,24 @@ def register(app: typer.Typer) -> None:
 def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict[str, object] | None:
     """Rank 0 of a --measure-host run: write the host catalog, price the burn-in's layout on it against the measured
     step; the figures for --json (None when the host was not measured)."""
+    from gpufleet.catalog.registry import Catalog
+    from gpufleet.planner.fixed_layout import eager_fsdp_step
+    from gpufleet.runtime.burnin.config import MODEL_ID
     from gpufleet.runtime.burnin.group import default_backend
-    from gpufleet.runtime.burnin.host_catalog import write_host_catalog
-    from gpufleet.runtime.burnin.loop import check_loop
+    from gpufleet.runtime.burnin.host_catalog import HOST_GPU_ID, HOST_NODE_ID, write_host_catalog
+    from gpufleet.runtime.burnin.loop import LoopCheck, measured_step
 
     if result.host is None or config.measure_host is None:
         return None
     write_host_catalog(config.measure_host, result.host, config.shape)
-    steps = result.cpu_s if config.measure_clock == "cpu" else result.step_s
     on_gpu = (config.backend or default_backend()) == "nccl"
-    check = check_loop(config.measure_host, config, result.world_size, steps, on_gpu=on_gpu)
+    step = eager_fsdp_step(Catalog((config.measure_host,)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID, result.world_size,
+                           config.shape.seq_len, config.micro_batch, overlap=on_gpu)
+    check = LoopCheck(predicted_s=step.step_s, parts_s={name: part.exposed_s for name, part in step.parts.items()},
+                      measured_s=measured_step(result.cpu_s if config.measure_clock == "cpu" else result.step_s),
+                      clock=config.measure_clock)
     if not out.json_mode:
         out.console.print(result.host.summary() + f"\nwrote {config.measure_host}\n" + check.summary())
     return {"catalog": str(config.measure_host), "measured": result.host.as_dict(),
             "loop": {"predicted_step_s": check.predicted_s, "measured_step_s": check.measured_s,
-                     "ratio": check.ratio, "clock": check.clock, "parts_s": check.parts_s}}
+                     "ratio": check.ratio, "clock": check.clock, "parts_s": dict(check.parts_s)}}

@@ -10,6 +10,9 @@ What a checkpoint holds, so that the steps after a restart repeat the uninterrup
 and optimizer state (fp32 master weights, Adam moments and step counts), every rank's RNG state, and the data
 position (batches are a pure function of the step, so the next step is the position); the learning rate is a pure
 function of the step too.
+
+With --measure-host, the host is measured in rounds between steps (`measure.measure_steps`), outside the steps'
+timings, and the RNG state is set aside around each round: a measured run logs the same losses as one that is not.
 """
 
 from __future__ import annotations

@@ -1,0 +1,35 @@
+"""The planner's step for one given layout rather than the best of all: a plain PyTorch FSDP2 job, which is what
+`gpufleet burnin` runs and what the loop check prices (`burnin --measure-host` ends by comparing it with the
+measured step).
+
+A plain PyTorch FSDP2 training loop, as the planner's request: data parallel over every rank with the parameters
+fully sharded (`fully_shard`), no TP, PP or CP, no recompute, eager element-wise ops (no fused kernels), PyTorch's
+cross-entropy (40 bytes per logit: perf.compute). `overlap` says whether FSDP2's collectives run under compute: on
+GPUs NCCL runs on its own SMs and FSDP2 prefetches, while on a CPU the same cores run gloo and the GEMMs (a
+judgement about the host, not a fit).
+"""
+
+from __future__ import annotations
+
+from gpufleet.catalog.registry import Catalog
+from gpufleet.errors import InputError
+from gpufleet.perf.step import StepEstimate, StepOptions
+from gpufleet.planner.plan import PlanRequest, make_plan
+from gpufleet.planner.search import SearchSpace
+
+
+def eager_fsdp_step(catalog: Catalog, model: str, gpu: str, node: str, ranks: int, seq_len: int,
+                    micro_batch: int, overlap: bool) -> StepEstimate:
+    """The step of `model` trained as a plain PyTorch FSDP2 job on `ranks` GPUs of `node`, `micro_batch`
+    sequences of `seq_len` per rank and step (module docstring)."""
+    options = StepOptions(dp_overlap=overlap, fused_elementwise=False, loss_bytes_per_logit=40.0)
+    space = SearchSpace(micro_batches=(micro_batch,), shardings=("fsdp",), recomputes=("none",), vpps=(1,),
+                        cps=(1,), max_tp=1, partial_recompute=False, activation_offload=False)
+    request = PlanRequest(model=model, tokens=1e9, gpu=gpu, gpus=ranks, node=node, seq_len=seq_len,
+                          global_batch=micro_batch * ranks, options=options, search_space=space, top=1)
+    result = make_plan(request, catalog)
+    steps = [c.step for c in result.search.feasible if (c.layout.tp, c.layout.pp, c.layout.dp) == (1, 1, ranks)]
+    if not steps:
+        raise InputError(f"{model} does not fit {ranks} x {gpu} as a plain FSDP job (the memory the catalog records "
+                         "for it is too small)")
+    return steps[0]
