@@ -246,9 +246,9 @@ def gpufleet(folder: Path, *args: str) -> Ran:
 
 
 def test_doc_seed_files_present() -> None:
-    """The four configurations the seeds print are in the doc, where the commands below read them."""
+    """The five configurations the seeds print are in the doc, where the commands below read them."""
     names = {match["name"] for match in _SEED_FILE.finditer(DOC.read_text(encoding="utf-8"))}
-    assert names == {"ds_seed000.json", "megatron_seed002.args", "moe-1t.yaml", "seed000.sbatch"}
+    assert names == {"ds_seed000.json", "megatron_seed002.args", "moe-1t.yaml", "seed000.sbatch", "fsdp_seed002.py"}
 
 
 def test_doc_verdict_counts_match_the_claims() -> None:
@@ -569,6 +569,21 @@ def test_s0_23_the_seeds_srun_line_is_read_as_slurm(seed_dir: Path) -> None:
     assert report["files"][0]["kind"] == "sbatch" and report["gpus"] == 128 * 8
     notes = " ".join(report["notes"])
     assert "--network=ib does nothing here" in notes and "does not choose contiguous nodes" in notes
+
+
+def test_s2_17_the_seeds_fsdp_dict(seed_dir: Path) -> None:
+    """S2-17: the seed's FSDP keywords against PyTorch's own FullyShardedDataParallel: mixed_precision=True is the
+    one problem; cpu_offload=False and limit_all_gathers=True are notes (tests/test_launch_check_fsdp.py builds a
+    real FSDP with them)."""
+    pytest.importorskip("torch", reason="the runtime extra (scripts/test installs it)")
+    ran = gpufleet(seed_dir, "launch", "--check", "fsdp_seed002.py", "--json")
+    assert ran.code == 1
+    report = ran.json()
+    assert report["files"][0]["kind"] == "fsdp" and report["files"][0]["sharding"] == "fsdp"
+    assert len(report["problems"]) == 1 and "mixed_precision=True" in report["problems"][0]
+    notes = " ".join(report["notes"])
+    assert "limit_all_gathers=True is already PyTorch's default" in notes
+    assert "cpu_offload=False works by accident" in notes
 
 
 def test_s2_09_b200_cloud_prices_without_a_purchase_price(seed_dir: Path) -> None:

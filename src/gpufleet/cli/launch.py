@@ -146,7 +146,8 @@ def register(app: typer.Typer) -> None:
     def launch(
         ctx: typer.Context,
         files: list[Path] = typer.Argument(None, help="With --check: the files to check (ds_config.json, a "
-                                           "Megatron argument list, a torchtitan config module, an sbatch script)."),
+                                           "Megatron argument list, a torchtitan config module, a PyTorch FSDP "
+                                           "keyword dict as JSON or one Python dict literal, an sbatch script)."),
         target: list[str] = typer.Option(None, "--target", help="megatron, torchtitan, deepspeed, slurm, k8s, "
                                          "nccl (repeatable), or all."),
         out_dir: Path = typer.Option(None, "--out", help="Folder to write (new or empty; --force replaces it)."),
@@ -176,6 +177,8 @@ def register(app: typer.Typer) -> None:
         * `gpufleet plan -m llama3-8b -n 64 --json > plan.json` then
           `gpufleet launch --plan plan.json --rank 2 --target all --out run/`
         * `gpufleet launch --check ds_config.json --gpus 2048` — is an existing config consistent?
+        * `gpufleet launch --check fsdp_config.py` — FSDP keywords against PyTorch's own signature (the file is
+          read, never run)
         """
         from gpufleet.emit.build import launch_spec, layout_summary
         from gpufleet.emit.registry import resolve_targets
@@ -227,7 +230,7 @@ def register(app: typer.Typer) -> None:
 
         if not files:
             raise InputError("--check needs one or more files: a ds_config.json, a Megatron argument list, a "
-                             "torchtitan config module or an sbatch script")
+                             "torchtitan config module, an FSDP keyword dict or an sbatch script")
         count = parse_int_list(gpus, "--gpus", most=1)[0] if gpus is not None else None
         if model is not None:
             cat.model(model)  # an unknown id is one line now

@@ -25,14 +25,16 @@ class CheckReport:
     def as_dict(self) -> dict[str, Any]:
         return {"files": [{"path": str(f.path), "kind": f.kind, "degrees": f.degrees, "micro_batch": f.micro_batch,
                            "global_batch": f.global_batch, "gradient_accumulation": f.gradient_accumulation,
-                           "gpus": f.gpus} for f in self.files],
+                           "gpus": f.gpus, "sharding": f.sharding, "precision": f.precision} for f in self.files],
                 "gpus": self.gpus, "consistent": not self.problems, "problems": self.problems, "notes": self.notes,
                 "expected": self.expected}
 
     def render(self, console: Console) -> None:
         for item in self.files:
-            console.print(f"{item.path} ({item.kind}): " + (", ".join(f"{k} {v}" for k, v in item.degrees.items())
-                                                            or "no degrees stated"))
+            stated = ", ".join(f"{k} {v}" for k, v in item.degrees.items()) or "no degrees stated"
+            if item.kind == "fsdp":  # what an FSDP dict states instead
+                stated += f", sharding {item.sharding or '?'}, precision {item.precision or 'not set'}"
+            console.print(f"{item.path} ({item.kind}): {stated}")
         for note in self.notes:
             console.print(f"  note: {note}")
         for problem in self.problems:

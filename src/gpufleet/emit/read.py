@@ -1,6 +1,7 @@
 """Readers for existing launch files (`launch --check`): what a DeepSpeed JSON, a Megatron-LM argument list, a
-torchtitan config module or an sbatch script says about degrees, batch and GPUs, and the problems the framework's
-own parser finds in it (where that parser is installed: the `launch-check` extra)."""
+torchtitan config module, a PyTorch FSDP keyword dict or an sbatch script says about degrees, batch and GPUs, and the
+problems the framework's own parser (or, for FSDP, PyTorch's own signature) finds in it (where that is installed:
+the `launch-check` and `runtime` extras)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Literal
 from gpufleet import input_files
 from gpufleet.errors import InputError
 
-Kind = Literal["deepspeed", "megatron", "torchtitan", "sbatch"]
+Kind = Literal["deepspeed", "megatron", "torchtitan", "fsdp", "sbatch"]
 
 
 @dataclass
@@ -53,7 +54,8 @@ def read_text(path: Path) -> str:
 
 #: What `launch --check` reads, for the one line that refuses anything else.
 EXPECTED = ("a ds_config JSON object, a Megatron-LM argument list (--tensor-model-parallel-size …), a torchtitan "
-            "config module or a Slurm script (#SBATCH lines or an srun/sbatch command)")
+            "config module, a PyTorch FSDP keyword dict (JSON, or a Python file of one dict literal) or a Slurm script "
+            "(#SBATCH lines or an srun/sbatch command)")
 #: Megatron-LM flags (argparse dests) one of which any Megatron argument list has: the parallel degrees, the model
 #: shape and batch (megatron/training/arguments.py); read_megatron.TRAINING_FLAGS adds the rest it knows.
 MEGATRON_SIGNATURE = frozenset({
@@ -78,11 +80,17 @@ def _tokens(text: str) -> list[str]:
 
 
 def kind_of(path: Path, text: str) -> Kind:
-    """Which format `path` holds, by its content: a JSON object, #SBATCH lines, a torchtitan import, a Megatron
-    argument list (flags Megatron has), an srun/sbatch command line; anything else is one line naming these."""
+    """Which format `path` holds, by its content: a JSON object (FSDP's when it has FSDP keywords and no DeepSpeed
+    key, else DeepSpeed's), #SBATCH lines, a torchtitan import, a Megatron argument list (flags Megatron has), an
+    srun/sbatch command line, Python with a dict of FSDP keywords; anything else is one line naming these."""
+    from gpufleet.emit.read_fsdp_file import json_object_is_fsdp, python_is_fsdp
+
     stripped = text.lstrip()
     if stripped.startswith("{"):
-        return "deepspeed"
+        try:
+            return "fsdp" if json_object_is_fsdp(json.loads(text)) else "deepspeed"
+        except ValueError:  # not JSON: a bare Python dict of FSDP keywords, else DeepSpeed's "not valid JSON"
+            return "fsdp" if path.suffix != ".json" and python_is_fsdp(text) else "deepspeed"
     if re.search(r"^#SBATCH\s", text, re.MULTILINE):
         return "sbatch"
     if "torchtitan" in text and re.search(r"^(from|import)\s", text, re.MULTILINE):
@@ -92,6 +100,8 @@ def kind_of(path: Path, text: str) -> Kind:
         return "megatron"  # also `srun … pretrain_gpt.py --tensor-model-parallel-size …`: its Megatron flags
     if _SLURM_COMMAND.search(text):
         return "sbatch"
+    if python_is_fsdp(text):
+        return "fsdp"  # a dict literal (or a call) keyed by FSDP's own keyword names
     raise InputError(f"{path}: not a launch file gpufleet reads: expected {EXPECTED}")
 
 
@@ -203,12 +213,14 @@ def _read_distribution(found: ReadConfig, distribution: str | None, tasks_per_no
 
 def read_file(path: Path) -> ReadConfig:
     """Read one file of any supported kind."""
-    from gpufleet.emit import read_deepspeed, read_megatron, read_torchtitan
+    from gpufleet.emit import read_deepspeed, read_fsdp, read_fsdp_file, read_megatron, read_torchtitan
 
     text = read_text(path)
     kind = kind_of(path, text)
     if kind == "sbatch":
         return read_sbatch(path, text)
+    if kind == "fsdp":
+        return read_fsdp.read(path, read_fsdp_file.load(path, text))
     if kind == "deepspeed":
         try:
             data = json.loads(text)
