@@ -249,7 +249,8 @@ def test_measurement_rounds_start_at_the_first_step_and_spread_over_the_run(firs
 
 def test_host_figures_are_the_median_over_rounds_by_hand(tmp_path: Path) -> None:
     """Three rounds, each already the slowest rank's: every figure is the middle one; the rates of seconds (FSDP2's
-    time, the optimizer's) are inverted back. A burst in one round (the third, everything 4x slower) moves nothing."""
+    time, the optimizer's) are inverted back. A burst in one round (the third, everything 4x slower) moves nothing.
+    A figure some rounds did not measure (NaN) is the median of the rounds that did."""
     from gpufleet.runtime.burnin.config import BurninConfig, ModelShape
     from gpufleet.runtime.burnin.measure import host_measurement, model_gemm_shapes
 
@@ -259,12 +260,15 @@ def test_host_figures_are_the_median_over_rounds_by_hand(tmp_path: Path) -> None
     quiet = [10.0] * figures
     slower = [8.0] * figures
     burst = [2.5] * figures
+    burst[-2:] = [math.nan, math.nan]  # the disk (the last two figures) is measured in the first rounds only
+    slower[-2:] = [math.nan, math.nan]
     measured = host_measurement(config, [quiet, slower, burst], ranks=2)
     assert measured.rounds == 3 and measured.clock == "cpu"
     assert measured.peak_gemm_flop_per_s == 8.0 and measured.attention_flop_per_s == 8.0
     assert {rate for *_, rate in measured.gemm_shapes} == {8.0}
     assert measured.fsdp_block_comm_s == pytest.approx(1 / 8) and measured.optimizer_s_per_param == pytest.approx(1 / 8)
-    assert measured.disk_write_bytes_per_s == 8.0 and measured.reduce_scatter_busbw_bytes_per_s == 8.0
+    assert measured.reduce_scatter_busbw_bytes_per_s == 8.0
+    assert measured.disk_write_bytes_per_s == 10.0 == measured.disk_read_bytes_per_s  # the one round that measured it
 
 
 def test_host_records_load_as_a_catalog(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from gpufleet.cli.plan import (
     GpusOption,
     ModelOption,
     NodeOption,
+    OverlapDpOption,
     OverlapEpOption,
     OverlapTpOption,
     OversubscriptionOption,
@@ -80,7 +81,8 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
             selective_policy=framework["selective_policy"], eager=not framework["fused_elementwise"],
             stack=framework["stack"],
             terms=ModelTerms(float(framework.get("straggler_sigma", 0.0)), framework.get("straggler_scope", "job"),
-                             float(framework.get("overlap_slowdown", 0.0)), framework.get("fsdp2_copies")))
+                             float(framework.get("overlap_slowdown", 0.0)), framework.get("fsdp2_copies")),
+            overlap_dp=framework.get("dp_overlap"))
         return given, int(cluster["gpus"]), str(label)
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"--plan {path} is not a `gpufleet plan --json` file (missing or bad {error})") from error
@@ -164,6 +166,7 @@ def register(app: typer.Typer) -> None:
         global_batch: int = GlobalBatchOption, precision: str = PrecisionOption, rank_by: str = RankByOption,
         fabric_model: str = FabricModelOption, overlap_tp: bool | None = OverlapTpOption,
         dtensor_tp: bool | None = DtensorTpOption, overlap_ep: bool | None = OverlapEpOption,
+        overlap_dp: bool | None = OverlapDpOption,
         ep_dispatch: str | None = EpDispatchOption, selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption, stack: str | None = StackOption,
         catalog: list[Path] = CatalogOption,
@@ -189,7 +192,7 @@ def register(app: typer.Typer) -> None:
         cat = open_catalog(catalog)
         given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
-                                selective_policy, eager, stack)
+                                selective_policy, eager, stack, overlap_dp=overlap_dp)
         named = {name for name in ctx.params
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         if check:

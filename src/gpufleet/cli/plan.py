@@ -85,6 +85,11 @@ DtensorTpOption = typer.Option(None, "--dtensor-tp/--megatron-tp", help="Tensor 
 OverlapEpOption = typer.Option(None, "--overlap-ep/--no-overlap-ep", help="The expert all-to-all "
                                "runs while another micro-batch computes (DualPipe, Megatron-Core's "
                                "EP overlap) [default: off, or the --stack's].")
+OverlapDpOption = typer.Option(None, "--overlap-dp/--no-overlap-dp", help="The data-parallel gradient "
+                               "reduce-scatter/all-reduce and parameter all-gather run under compute "
+                               "(Megatron's --overlap-grad-reduce/--overlap-param-gather, DeepSpeed's "
+                               "overlap_comm, FSDP prefetch); --no-overlap-dp: they run after the backward, in "
+                               "line [default: on].")
 EpDispatchOption = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; "
                                 "the default) or dedup (a token is sent once per destination "
                                 "node over the network and once per destination GPU inside a node: "
@@ -143,6 +148,7 @@ class WorkloadOptions:
     eager: bool
     stack: str | None
     terms: ModelTerms = field(default_factory=ModelTerms)  # --stragglers, --overlap-contention, --fsdp2-copies
+    overlap_dp: bool | None = None  # --overlap-dp/--no-overlap-dp (None: not given)
 
 
 def check_workload_options(given: WorkloadOptions) -> None:
@@ -177,17 +183,19 @@ def plan_request(cat: Catalog, given: WorkloadOptions, gpus: int, top: int) -> P
                        top=top, rank_by=cast(RankBy, given.rank_by),
                        fabric_model=cast(Literal["analytical", "sim"], given.fabric_model),
                        **framework_fields(cat, given.stack, given.overlap_tp, given.dtensor_tp, given.overlap_ep,
-                                          given.ep_dispatch, given.selective_policy, given.eager, given.terms))
+                                          given.ep_dispatch, given.selective_policy, given.eager, given.terms,
+                                          given.overlap_dp))
 
 
 def framework_fields(cat: Catalog, stack: str | None, overlap_tp: bool | None, dtensor_tp: bool | None,
                      overlap_ep: bool | None, ep_dispatch: str | None, selective_policy: str | None,
-                     eager: bool, terms: ModelTerms | None = None) -> dict[str, Any]:
+                     eager: bool, terms: ModelTerms | None = None, overlap_dp: bool | None = None) -> dict[str, Any]:
     """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags and the step
     model's optional terms."""
     record = cat.stack(stack) if stack is not None else None  # unknown: one line naming the nearest
     options = framework_options(record, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
-                                ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager)
+                                ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager,
+                                overlap_dp=overlap_dp)
     options = (terms or ModelTerms()).apply(options)
     return {"options": options, "attention_kernel": record.value("attention_kernel") if record else None,
             "stack": stack,
@@ -282,6 +290,8 @@ def framework_note(request: PlanRequest) -> str | None:
     said = [f"{request.stack}'s documented settings"] if request.stack else []
     if not request.options.fused_elementwise:
         said.append("eager element-wise kernels (no torch.compile)")
+    if not request.options.dp_overlap:
+        said.append("data-parallel communication in line (not overlapped)")
     if request.options.straggler_sigma:
         said.append(f"stragglers sigma {request.options.straggler_sigma:.2%} over the "
                     f"{'replicas' if request.options.straggler_scope == 'replicas' else 'job'}")
@@ -297,6 +307,7 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
             "ep_dispatch": options.ep_dispatch, "fused_elementwise": options.fused_elementwise,
+            "dp_overlap": options.dp_overlap,
             "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
             "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
             "moe_dropless": options.moe_dropless, "loss_bytes_per_logit": options.loss_bytes_per_logit,
@@ -443,6 +454,7 @@ def register(app: typer.Typer) -> None:
         overlap_tp: bool | None = OverlapTpOption,
         dtensor_tp: bool | None = DtensorTpOption,
         overlap_ep: bool | None = OverlapEpOption,
+        overlap_dp: bool | None = OverlapDpOption,
         ep_dispatch: str | None = EpDispatchOption,
         selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption,
@@ -476,7 +488,8 @@ def register(app: typer.Typer) -> None:
         given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
                                 selective_policy, eager, stack,
-                                parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies))
+                                parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies),
+                                overlap_dp)
         check_workload_options(given)
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")

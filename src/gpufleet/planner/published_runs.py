@@ -271,7 +271,8 @@ def run_stack(run: PublishedRun, catalog: Catalog) -> tuple[StackRecord, bool]:
 
 def framework_options(stack: StackRecord | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,
                       overlap_ep: bool | None = None, ep_dispatch: str | None = None,
-                      selective_policy: str | None = None, eager: bool = False) -> StepOptions:
+                      selective_policy: str | None = None, eager: bool = False,
+                      overlap_dp: bool | None = None) -> StepOptions:
     """The step and memory settings of `plan`/`memory --stack` (Megatron-LM's defaults without one), then the
     explicit flags given (None: not given) on top; `eager` prices eager PyTorch's element-wise kernels (no stack
     sets it)."""
@@ -285,6 +286,8 @@ def framework_options(stack: StackRecord | None, *, overlap_tp: bool | None = No
         memory["tp_gathered_inputs"] = dtensor_tp
     if overlap_ep is not None:
         step["ep_comm_overlap"] = overlap_ep
+    if overlap_dp is not None:
+        step["dp_overlap"] = overlap_dp
     if ep_dispatch is not None:
         step["ep_dispatch"] = ep_dispatch
     if eager:

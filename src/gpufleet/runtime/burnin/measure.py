@@ -13,7 +13,7 @@ each rank sees the share of cores, caches and memory it will have while training
   FSDP over a single token (its compute, next to nothing at one token);
 * the optimizer (AdamW, as the burn-in builds it) over the FSDP2-sharded model's own parameters: seconds per local
   parameter, per-tensor dispatch on the sharded (DTensor) parameters included;
-* disk at the checkpoint folder: sequential write with fsync, then read, of one checkpoint's size.
+* disk at the checkpoint folder: sequential write with fsync, then read, of one checkpoint's size (first round).
 
 The measurements run in rounds between the burn-in's own training steps (`measure_steps`: one before the first step,
 the rest spread over the run), in the training's process group, with the RNG state set aside so that training is
@@ -285,9 +285,10 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _local_figures(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer) -> list[float]:
+def _local_figures(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer, disk: bool) -> list[float]:
     """This rank's figures for one round, each as a rate (so that the slowest rank's is the smallest; seconds
-    inverted, 0 s as infinity), in the order `host_measurement` reads them."""
+    inverted, 0 s as infinity), in the order `host_measurement` reads them; the disk's as NaN (not measured) when
+    `disk` is false."""
     peak = gemm_flop_per_s(PEAK_GEMM_DIM, PEAK_GEMM_DIM, PEAK_GEMM_DIM, device, timer)
     shapes = [gemm_flop_per_s(m, n, k, device, timer) for m, n, k, _ in model_gemm_shapes(config)]
     attention = attention_flop_per_s(config, device, timer)
@@ -295,19 +296,23 @@ def _local_figures(config: BurninConfig, device: torch.device, mesh: Any, timer:
     gather, reduce = collective_busbw(config, device, timer)
     fsdp_s = fsdp_block_comm_s(config, device, mesh, timer)
     optimizer_s = optimizer_s_per_param(config, device, mesh, timer)
-    write, read = disk_bytes_per_s(Path(config.checkpoint_dir), checkpoint_bytes(config) // dist.get_world_size())
+    write, read = (disk_bytes_per_s(Path(config.checkpoint_dir), checkpoint_bytes(config) // dist.get_world_size())
+                   if disk else (math.nan, math.nan))
     return [peak, *shapes, attention, elementwise, gather, reduce, 1 / fsdp_s if fsdp_s > 0 else math.inf,
             1 / optimizer_s, write, read]
 
 
-def measure_round(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer) -> list[float]:
+def measure_round(config: BurninConfig, device: torch.device, mesh: Any, timer: Timer,
+                  disk: bool = True) -> list[float]:
     """One round on every rank at once, inside the training's process group (every rank must call it at the same
     step): the slowest rank's figure for each, on every rank. The RNG state is set aside around it (the kernels'
     random inputs and the measured model's initialisation must not change what training draws) and what it
-    allocated is freed."""
+    allocated is freed. `disk`: also write and read one checkpoint's share at the checkpoint folder (the first
+    round only: the disk prices the checkpoint, not the step, so pairing it with the steps buys nothing, and each
+    probe writes a checkpoint's worth)."""
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        mine = torch.tensor(_local_figures(config, device, mesh, timer), dtype=torch.float64, device=device)
+        mine = torch.tensor(_local_figures(config, device, mesh, timer, disk), dtype=torch.float64, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)  # on the device: NCCL gathers device tensors only
     slowest: list[float] = torch.stack(every).min(dim=0).values.cpu().tolist()
@@ -318,8 +323,10 @@ def measure_round(config: BurninConfig, device: torch.device, mesh: Any, timer: 
 
 
 def host_measurement(config: BurninConfig, rounds: Sequence[Sequence[float]], ranks: int) -> HostMeasurement:
-    """The host's figures: each the median over the rounds of the slowest rank's (module docstring)."""
-    figures = [statistics.median(values) for values in zip(*rounds, strict=True)]
+    """The host's figures: each the median over the rounds that measured it (NaN: not in that round) of the slowest
+    rank's (module docstring)."""
+    figures = [statistics.median([value for value in values if not math.isnan(value)] or [math.nan])
+               for values in zip(*rounds, strict=True)]
     shapes = model_gemm_shapes(config)
     rates = figures[1:1 + len(shapes)]
     peak = max(figures[0], *rates)

@@ -191,7 +191,7 @@ class _Measuring:
         if step in self.at:
             from gpufleet.runtime.burnin.measure import measure_round
 
-            self.rounds.append(measure_round(self.config, self.device, self.mesh, self.timer))
+            self.rounds.append(measure_round(self.config, self.device, self.mesh, self.timer, disk=not self.rounds))
 
     def result(self, me: Identity) -> HostMeasurement | None:
         if me.rank != 0 or not self.rounds:
