@@ -69,3 +69,13 @@ def test_a_plan_file_keeps_its_choice_and_refuses_a_second_one(tmp_path: Path) -
     mixed = run_gpufleet("launch", "--plan", str(plan_file), "--overlap-dp", "--target", "megatron", "--out",
                          str(tmp_path / "s"))
     assert mixed.returncode == 2 and not (tmp_path / "s").exists()
+
+
+def test_validate_takes_the_same_switch_under_both_spellings() -> None:
+    """validate's older `--no-dp-overlap` and plan's `--no-overlap-dp` are one switch."""
+    runs = ("validate", "--runs", str(Path(__file__).parent / "data" / "llama3_holdout.yaml"), "--json")
+    spelled = [run_gpufleet(*runs, flag) for flag in ("--no-dp-overlap", "--no-overlap-dp")]
+    assert all(result.returncode == 0 for result in spelled), spelled[0].stderr
+    assert json.loads(spelled[0].stdout) == json.loads(spelled[1].stdout)
+    overlapped = run_gpufleet(*runs)
+    assert json.loads(overlapped.stdout) != json.loads(spelled[0].stdout)

@@ -76,9 +76,9 @@ def register(app: typer.Typer) -> None:
                                   "groups of runs of the same model, GPU and GPU count."),
         node: str = typer.Option(None, "--node", help="Run on this catalog node instead of the GPU's default "
                                  "(for runs whose GPU it holds), e.g. a user node describing the measured cluster."),
-        dp_overlap: bool = typer.Option(True, "--dp-overlap/--no-dp-overlap", help="Whether the framework "
-                                        "overlaps gradient reduction with backward (DeepSpeed's pipeline engine "
-                                        "does not)."),
+        dp_overlap: bool = typer.Option(True, "--overlap-dp/--no-overlap-dp", "--dp-overlap/--no-dp-overlap",
+                                        help="Whether the framework overlaps gradient reduction with backward "
+                                        "(DeepSpeed's pipeline engine does not); the same switch as plan's."),
         plot: Path = typer.Option(None, "--plot", help="Write predicted against measured tokens/s per GPU "
                                   "(log axes, ±25 % band; colour = quality, or = group with --rank) to FILE: "
                                   ".png/.svg/.pdf need matplotlib, .html writes a table."),
