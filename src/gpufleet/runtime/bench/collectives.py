@@ -79,6 +79,13 @@ def _count(op: Op, size_bytes: int, ranks: int) -> int:
     return max(unit, size_bytes // ELEMENT_BYTES // unit * unit)
 
 
+def tensor_collectives(dist: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(all-gather, reduce-scatter) into/out of one flat tensor, `(output, input)`: the `_single` names where this
+    torch has them (2.13 deprecates all_gather_into_tensor and reduce_scatter_tensor), else the older ones."""
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
+            getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)
+
+
 def make_call(dist: Any, op: Op, count: int, device: Any) -> Callable[[], Any]:
     """One call of `op` over a full buffer of `count` float32 elements, buffers allocated once."""
     import torch
@@ -88,11 +95,10 @@ def make_call(dist: Any, op: Op, count: int, device: Any) -> Callable[[], Any]:
     shard = torch.ones(count // ranks, dtype=torch.float32, device=device)
     if op == "all-reduce":
         return lambda: dist.all_reduce(full)
+    all_gather, reduce_scatter = tensor_collectives(dist)
     if op == "all-gather":
-        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         return lambda: all_gather(full, shard)
     if op == "reduce-scatter":
-        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         return lambda: reduce_scatter(shard, full)
     if op == "all-to-all":
         out = torch.empty_like(full)

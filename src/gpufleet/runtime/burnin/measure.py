@@ -179,8 +179,11 @@ def collective_busbw(config: BurninConfig, device: torch.device, timer: Timer) -
     grads = torch.randn(shard * world, dtype=torch.float32, device=device)
     reduced = torch.empty(shard, dtype=torch.float32, device=device)
     factor = (world - 1) / world  # nccl-tests' bus factor for both
-    gather_s = timer.mean_s(lambda: dist.all_gather_into_tensor(gathered, local), timer.collective_repeats)
-    reduce_s = timer.mean_s(lambda: dist.reduce_scatter_tensor(reduced, grads), timer.collective_repeats)
+    from gpufleet.runtime.bench.collectives import tensor_collectives
+
+    all_gather, reduce_scatter = tensor_collectives(dist)
+    gather_s = timer.mean_s(lambda: all_gather(gathered, local), timer.collective_repeats)
+    reduce_s = timer.mean_s(lambda: reduce_scatter(reduced, grads), timer.collective_repeats)
     return gathered.numel() * 2 * factor / gather_s, grads.numel() * 4 * factor / reduce_s
 
 
