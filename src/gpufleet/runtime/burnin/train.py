@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpufleet.runtime.burnin import data
+from gpufleet.runtime.burnin import data, measure
 from gpufleet.runtime.burnin.config import BurninConfig, Identity, identity_from_env
 from gpufleet.runtime.burnin.group import default_backend, device_for, join_group
 from gpufleet.runtime.burnin.host_catalog import HostMeasurement
@@ -179,8 +179,6 @@ class _Measuring:
     """The host measurement rounds of a --measure-host run, before the steps `measure_steps` picks."""
 
     def __init__(self, config: BurninConfig, device: torch.device, mesh: Any, first: int) -> None:
-        from gpufleet.runtime.burnin import measure
-
         self.config, self.device, self.mesh = config, device, mesh
         rounds = config.measure_rounds if config.measure_host is not None else 0
         self.at = set(measure.measure_steps(first, config.steps, rounds))
@@ -189,13 +187,11 @@ class _Measuring:
 
     def before(self, step: int) -> None:
         if step in self.at:
-            from gpufleet.runtime.burnin.measure import measure_round
-
-            self.rounds.append(measure_round(self.config, self.device, self.mesh, self.timer, disk=not self.rounds))
+            first_round = not self.rounds
+            self.rounds.append(measure.measure_round(self.config, self.device, self.mesh, self.timer,
+                                                     disk=first_round))
 
     def result(self, me: Identity) -> HostMeasurement | None:
         if me.rank != 0 or not self.rounds:
             return None
-        from gpufleet.runtime.burnin.measure import host_measurement
-
-        return host_measurement(self.config, self.rounds, me.world_size)
+        return measure.host_measurement(self.config, self.rounds, me.world_size)
