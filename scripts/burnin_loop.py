@@ -1,6 +1,6 @@
 """How well the loop closes on this machine, trial after trial, with or without neighbours: each trial runs
-`torchrun -m gpufleet burnin --measure-host` (the test's small model, 2 gloo ranks, CPU clock), prices the burn-in's
-layout on the host catalog it wrote, and prints plan/burn-in with the measured figures that moved.
+`torchrun -m gpufleet burnin --measure-host --json` (the test's small model, 2 gloo ranks, CPU clock by default) and
+prints the run's own plan/burn-in comparison with the measured figures that moved.
 
     PYTHONPATH=src python scripts/burnin_loop.py --trials 5            # a quiet host
     PYTHONPATH=src python scripts/burnin_loop.py --trials 5 --load 3   # three busy neighbours (memory-bound loops)
@@ -21,8 +21,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"layers": 2, "hidden": 384, "heads": 6, "ffn_hidden": 1536, "vocab": 1024, "seq_len": 128}
@@ -53,31 +51,25 @@ def _free_port() -> int:
 
 
 def trial(folder: Path, extra: list[str], steps: int = STEPS, clock: str = "cpu") -> dict[str, object]:
-    from gpufleet.catalog.registry import Catalog
-    from gpufleet.planner.fixed_layout import eager_fsdp_step
-    from gpufleet.runtime.burnin.config import MODEL_ID
-    from gpufleet.runtime.burnin.host_catalog import HOST_GPU_ID, HOST_NODE_ID
-    from gpufleet.runtime.burnin.loop import LoopCheck, measured_step
+    """One `burnin --measure-host --json` run; its own end-of-run comparison (`host.loop`) and measured figures."""
+    from gpufleet.runtime.burnin.loop import LoopCheck
 
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in SHAPE.items()]
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(RANKS),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "gpufleet", "burnin",
             "--steps", str(steps), "--checkpoint-every", str(steps), "--checkpoint-dir", str(folder / "ckpt"),
             "--log-file", str(folder / "log.jsonl"), "--micro-batch", str(MICRO_BATCH), *flags,
-            "--measure-host", str(folder / "host.yaml"), "--measure-clock", clock, *extra]
+            "--measure-host", str(folder / "host.yaml"), "--measure-clock", clock, "--json", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
-    log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-    step = eager_fsdp_step(Catalog((folder / "host.yaml",)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID, RANKS,
-                           SHAPE["seq_len"], MICRO_BATCH, overlap=False)
-    seconds = [line["cpu_s" if clock == "cpu" else "step_s"] for line in log]
-    check = LoopCheck(predicted_s=step.step_s, measured_s=measured_step(seconds),
-                      parts_s={name: part.exposed_s for name, part in step.parts.items()}, clock=clock)
-    header = [line[2:] for line in (folder / "host.yaml").read_text().splitlines()[1:] if line.startswith("# ")]
-    measured = yaml.safe_load("\n".join(header))["measured"]
+    start = 0 if done.stdout.startswith("{") else done.stdout.index("\n{") + 1  # rank 0's document (the only one)
+    report, _ = json.JSONDecoder().raw_decode(done.stdout[start:])
+    loop, measured = report["host"]["loop"], report["host"]["measured"]
+    check = LoopCheck(predicted_s=loop["predicted_step_s"], measured_s=loop["measured_step_s"],
+                      parts_s=loop["parts_s"], clock=loop["clock"])
     return {"ratio": check.ratio, "summary": check.summary(),
             "fsdp_block_comm_ms": measured["fsdp_block_comm_s"] * 1e3,
             "optimizer_ns_per_param": (measured.get("optimizer_s_per_param") or 0) * 1e9}
