@@ -1,14 +1,28 @@
-"""Run the real `gpufleet` entry point in a subprocess, as a user would (shared by the CLI tests)."""
+"""Run `gpufleet` for a test: in this process by default (hatch's CliRunner habit), or as a real subprocess.
+
+In process, `run_gpufleet` calls the same entry point a user's shell reaches (`gpufleet.cli.main.run`) with stdout
+and stderr captured, the environment it was given set for the call, and the exit code taken from the SystemExit
+the entry point always ends with: a test sees the same three things a subprocess would give, at a small fraction of
+the cost (no interpreter start, no re-import of the planner). `run_gpufleet_process` starts the installed console
+script; the smoke tests in tests/test_cli_entry.py use it, and so does anything that needs its own process (a
+server that runs until killed, signal handling, import-time measurements).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 ENV_VAR = "GPUFLEET_CATALOG"
+#: The terminal width both runners give a command (tables are not wrapped at 80 columns).
+COLUMNS = "160"
 
 
 def entry_point() -> list[str]:
@@ -20,14 +34,69 @@ def entry_point() -> list[str]:
     return [found] if found else [sys.executable, "-m", "gpufleet.cli.main"]
 
 
+def _environment(env: dict[str, str] | None) -> dict[str, str]:
+    """The user's environment without the catalog variable (unless `env` sets it), a wide terminal, and `env`."""
+    environment = {key: value for key, value in os.environ.items() if key != ENV_VAR}
+    environment["COLUMNS"] = COLUMNS
+    environment.update(env or {})
+    return environment
+
+
+def run_gpufleet_process(*args: str, env: dict[str, str] | None = None, timeout: float = 300
+                         ) -> subprocess.CompletedProcess[str]:
+    """`gpufleet ARGS` as a real subprocess of the installed entry point."""
+    return subprocess.run([*entry_point(), *args], capture_output=True, text=True, env=_environment(env),
+                          timeout=timeout, check=False)
+
+
+@contextlib.contextmanager
+def _patched_environment(environment: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class _Captured(io.TextIOWrapper):
+    """A text stream over bytes, as a pipe's stdout is: not a terminal, `buffer` writable, UTF-8."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
+
+    def isatty(self) -> bool:
+        return False
+
+    def text(self) -> str:
+        self.flush()
+        raw = self.buffer.getvalue()  # type: ignore[attr-defined]
+        return raw.decode("utf-8", errors="replace")
+
+
 def run_gpufleet(*args: str, env: dict[str, str] | None = None, timeout: float = 300
                  ) -> subprocess.CompletedProcess[str]:
-    """`gpufleet ARGS` with the user's catalog variable cleared (unless `env` sets it) and a wide terminal."""
-    environment = {key: value for key, value in os.environ.items() if key != ENV_VAR}
-    environment["COLUMNS"] = "160"
-    environment.update(env or {})
-    return subprocess.run([*entry_point(), *args], capture_output=True, text=True, env=environment,
-                          timeout=timeout, check=False)
+    """`gpufleet ARGS` in this process: stdout, stderr and the exit code as a subprocess would give them.
+
+    `timeout` is accepted for the subprocess runner's signature; the test's own timeout bounds an in-process call."""
+    del timeout
+    from gpufleet.cli.main import run
+
+    out, err = _Captured(), _Captured()
+    code: int = 0
+    with _patched_environment(_environment(env)), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            run(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if isinstance(exit_.code, str):
+                sys.stderr.write(exit_.code + "\n")
+        except Exception:  # what the interpreter does with an uncaught error: the traceback on stderr, exit 1
+            traceback.print_exc(file=sys.stderr)
+            code = 1
+    return subprocess.CompletedProcess(["gpufleet", *args], code, out.text(), err.text())
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:

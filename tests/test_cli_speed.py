@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import run_gpufleet
+from clirun import run_gpufleet_process as run_gpufleet
 from gpufleet import disk_cache
 from gpufleet.catalog import cache
 from gpufleet.catalog.records import GPUSpec

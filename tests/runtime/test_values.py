@@ -27,6 +27,19 @@ from gpufleet.runtime.checkpoint import CheckpointManager  # noqa: E402
 from gpufleet.runtime.checkpoint.errors import UnloadableValueError  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300)]
+
+
+@pytest.fixture(autouse=True)
+def torch_default_safe_globals() -> Any:
+    """Each test starts from torch's own list of classes the safe loader admits: a library imported earlier in the
+    same process (megatron-core admits argparse.Namespace on import) must not decide what these tests see."""
+    saved = list(torch.serialization.get_safe_globals())
+    torchs_own = [entry for entry in saved if str(getattr(entry, "__module__", "")).startswith("torch.")]
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(torchs_own)
+    yield
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(saved)
 SRC = Path(__file__).parents[2] / "src"
 
 SAVER = r'''
