@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, move_aside, remove_tree, replace_dir
+from gpufleet.runtime.checkpoint.fsutil import (
+    atomic_write,
+    fsync_dir,
+    move_aside,
+    remove_tree,
+    replace_dir,
+    restore,
+    superseded_copies,
+)
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_stream
 from gpufleet.runtime.checkpoint.names import (
     LATEST_NAME,
@@ -524,12 +532,31 @@ class CheckpointManager:
         return sorted(found)
 
     def _sweep(self) -> None:
-        """Remove what crashed saves and deletions left behind: hidden temporary and trash dirs."""
+        """Remove what crashed saves and deletions left behind (hidden temporary and trash dirs), after putting back
+        any checkpoint a re-save had moved aside and not yet replaced (`_restore_superseded`)."""
+        self._restore_superseded()
         for path in self.root.iterdir():
             if path.name.startswith((TMP_PREFIX, TRASH_PREFIX)) and path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             elif path.name.startswith((f"{LATEST_NAME}.tmp-", f"{MANIFEST_NAME}.tmp-")):
                 path.unlink(missing_ok=True)
+
+    def _restore_superseded(self) -> None:
+        """A re-save killed between its two renames (`fsutil.replace_dir`) left the old checkpoint whole under
+        `.superseded-step_…` and nothing at `step_…`: rename it back. Where `step_…` is a complete checkpoint (the new
+        copy arrived) the superseded one is deleted; where something else stands there, that is set aside first."""
+        for name, path in superseded_copies(self.root):
+            final = self.root / name
+            if parse_step(name) is None:
+                continue
+            if os.path.lexists(final) and _is_complete_checkpoint(final):
+                remove_tree(path)
+                continue
+            if os.path.lexists(final):
+                _set_aside(final, f"restoring the superseded copy of {name}", "it is not a complete checkpoint")
+            restore(path, final)
+            log.warning("restored %s from %s: a re-save of it was interrupted before its new copy was in place",
+                        final, path.name)
 
     # -- distributed plumbing ---------------------------------------------------------------------
 
