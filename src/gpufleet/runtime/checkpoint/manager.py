@@ -51,6 +51,7 @@ from gpufleet.runtime.checkpoint.retention import plan_retention, steps_to_delet
 from gpufleet.runtime.checkpoint.store import (
     TransferPolicy,
     copy_checkpoint,
+    delete_checkpoint,
     install_checkpoint,
     list_checkpoints,
     open_url,
@@ -414,7 +415,8 @@ class CheckpointManager:
     # -- upload and restore -----------------------------------------------------------------------
 
     def _upload(self, step: int) -> bool:
-        """Copy local `step` to the store (the upload thread); False when retention deleted it meanwhile."""
+        """Copy local `step` to the store (the upload thread); False when retention deleted it meanwhile. Once it is
+        there, the store's leftovers of older steps are removed (`_remove_remote_leftovers`)."""
         if self._remote is None:
             return False
         fs, base = self._remote
@@ -422,7 +424,26 @@ class CheckpointManager:
         if not local.exists():
             return False
         install_checkpoint(_local_fs(), str(local), fs, join(base, step_dirname(step)), self.transfer)
+        try:
+            self._remove_remote_leftovers(step)
+        except Exception as error:  # the step is in the store: a leftover left in place is reported, not a failure
+            log.warning("step %d is in the store, but its leftovers could not be removed: %s", step, error)
         return True
+
+    def _remove_remote_leftovers(self, uploaded: int) -> None:
+        """Remote retention of what no upload will finish: delete each prefix without a manifest (an upload cut off)
+        of a step older than `uploaded` that is not queued or waiting for a retry here (e.g. one that local retention
+        deleted before its upload could land). Complete checkpoints in the store are never touched."""
+        if self._remote is None or self._uploader is None:
+            return
+        fs, base = self._remote
+        in_flight = self._uploader.in_flight()
+        for info in list_checkpoints(fs, base):
+            if info.is_folder and not info.has_manifest and info.step < uploaded and info.step not in in_flight:
+                delete_checkpoint(fs, info.path)
+                log.info("removed %s from the store: an upload of step %d that was cut off and is no longer pending "
+                         "(retention deleted its local copy, or the process uploading it stopped)",
+                         info.path, info.step)
 
     def _restore_from_store(self) -> int | None:
         if self._remote is None:
