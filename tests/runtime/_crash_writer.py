@@ -1,7 +1,8 @@
 """A writer for the crash-point test: saves a fixed sequence of checkpoints and SIGKILLs itself at its Nth file-system
 operation, before that operation runs.
 
-Run as `python _crash_writer.py`: a fork server with torch imported once. It reads `run ROOT LOG KILL_AT` lines and
+Run as `python _crash_writer.py`: a fork server with torch imported once. It reads `run ROOT LOG KILL_AT` lines (or
+`open ROOT LOG KILL_AT`: the child only starts a CheckpointManager, the recovery, counting its operations) and
 answers each with the exit status of a forked child that creates a CheckpointManager under ROOT, then saves SAVES in
 order (each `blocking=True`) while counting every file-system operation that changes something: creating, opening
 for writing, writing, fsyncing, renaming, replacing, unlinking a file or removing a folder. At operation KILL_AT
@@ -77,7 +78,7 @@ class OpCounter:
         return counted
 
 
-def run_child(root: str, log_path: str, kill_at: int) -> None:
+def run_child(root: str, log_path: str, kill_at: int, *, only_open: bool = False) -> None:
     from gpufleet.runtime.checkpoint import CheckpointManager
 
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -97,6 +98,11 @@ def run_child(root: str, log_path: str, kill_at: int) -> None:
         elif kill_at == 0:
             say(f"op {number} {kind} {detail}")
 
+    if only_open:
+        OpCounter(on_op, log_fd).install()
+        CheckpointManager(root, keep_last=KEEP_LAST)
+        say(f"ops {seen[0]}")
+        return
     manager = CheckpointManager(root, keep_last=KEEP_LAST)
     OpCounter(on_op, log_fd).install()
     for index, (step, version) in enumerate(SAVES):
@@ -115,12 +121,12 @@ def main() -> None:
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin:
-        _, root, log_path, kill_at = line.split()
+        command, root, log_path, kill_at = line.split()
         pid = os.fork()
         if pid == 0:
             code = 3
             try:
-                run_child(root, log_path, int(kill_at))
+                run_child(root, log_path, int(kill_at), only_open=command == "open")
                 code = 0
             except BaseException:
                 traceback.print_exc()

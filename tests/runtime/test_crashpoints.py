@@ -43,9 +43,9 @@ class Writer:
         assert self.proc.stdout is not None
         return self.proc.stdout.readline().strip()
 
-    def run(self, root: Path, log: Path, kill_at: int) -> int:
+    def run(self, root: Path, log: Path, kill_at: int, command: str = "run") -> int:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {root} {log} {kill_at}\n")
+        self.proc.stdin.write(f"{command} {root} {log} {kill_at}\n")
         self.proc.stdin.flush()
         return int(self._read())
 
@@ -84,7 +84,7 @@ def test_a_kill_at_every_file_operation_of_save_and_resave_loses_no_durable_chec
 
     outcomes: Counter[str] = Counter()
     killed_kinds: Counter[str] = Counter()
-    resave_window = 0  # kills with the old step 2 moved aside and the new one not yet renamed in
+    resave_window: list[int] = []  # kills with the old step 2 moved aside and the new one not yet renamed in
     for kill_at in range(1, total + 1):
         root, log = tmp_path / f"k{kill_at}", tmp_path / f"k{kill_at}.log"
         status = writer.run(root, log, kill_at)
@@ -92,7 +92,8 @@ def test_a_kill_at_every_file_operation_of_save_and_resave_loses_no_durable_chec
         kill = [line for line in events if line.startswith("kill ")]
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and kill, (kill_at, events)
         killed_kinds[kill[0].split()[2]] += 1
-        resave_window += kill[0].endswith("rename .tmp-step_000000000002 step_000000000002") and "saved 1" in events
+        if kill[0].endswith("rename .tmp-step_000000000002 step_000000000002") and "saved 1" in events:
+            resave_window.append(kill_at)
         durable = max((int(line.split()[1]) for line in events if line.startswith("saved ")), default=None)
         in_flight = max(int(line.split()[1]) for line in events if line.startswith("saving "))
         index = loaded_index(root)
@@ -104,4 +105,31 @@ def test_a_kill_at_every_file_operation_of_save_and_resave_loses_no_durable_chec
         outcomes["in flight" if index == in_flight else "durable" if index is not None else "none yet"] += 1
     print(f"crash points: {total} kills, outcomes {dict(outcomes)}, killed at {dict(killed_kinds)}")
     assert sum(outcomes.values()) == total and outcomes["durable"] > 0 and outcomes["in flight"] > 0
-    assert resave_window == 1  # the instant the issue names was among them
+    assert len(resave_window) == 1  # the instant the issue names was among them
+    recovery_kills = kill_during_recovery(writer, tmp_path / "recovery", resave_window[0])
+    print(f"recovery of the re-save window: {recovery_kills} kills, each loads step 2")
+
+
+def kill_during_recovery(writer: Writer, base: Path, kill_at: int) -> int:
+    """Leave the re-save window (the writer killed at its op `kill_at`), then kill the start that recovers it at each
+    of its own operations; every later start must load the durable step 2. Returns how many kills were made."""
+
+    base.mkdir()
+
+    def window(name: str) -> Path:
+        root = base / name
+        writer.run(root, base / f"{name}.log", kill_at)
+        names = [p.name for p in root.iterdir()]
+        assert "step_000000000002" not in names and any(n.startswith(".superseded-step_000000000002") for n in names)
+        return root
+
+    dry = window("dry")
+    assert writer.run(dry, base / "dry-open.log", 0, "open") == 0
+    total = int((base / "dry-open.log").read_text().split()[-1])
+    assert total >= 2  # at least the rename back and its fsync
+    for open_kill in range(1, total + 1):
+        root = window(f"r{open_kill}")
+        status = writer.run(root, base / f"r{open_kill}-open.log", open_kill, "open")
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, open_kill
+        assert loaded_index(root) == 1, f"recovery killed at its op {open_kill}: step 2 does not load"
+    return total

@@ -284,11 +284,8 @@ def register(app: typer.Typer) -> None:
 
         Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
         """
-        from pathlib import Path
-
-        from gpufleet.runtime.checkpoint.fsutil import remove_tree
-        from gpufleet.runtime.checkpoint.retention import plan_retention
-        from gpufleet.runtime.checkpoint.store import delete_checkpoint, is_local, list_checkpoints, store_errors
+        from gpufleet.runtime.checkpoint.retention import delete_checkpoints, plan_retention
+        from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
         from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
 
         if keep_last < 1:
@@ -306,16 +303,8 @@ def register(app: typer.Typer) -> None:
             if incomplete:
                 doomed.update(plan.incomplete)
             doomed = dict(sorted(doomed.items()))
-            not_deleted: list[dict[str, Any]] = []  # one that cannot be deleted (a permission) never stops the rest
-            for step, path in [] if dry_run else list(doomed.items()):
-                try:
-                    if is_local(fs):
-                        remove_tree(Path(path))
-                    else:
-                        delete_checkpoint(fs, path)
-                except OSError as error:
-                    not_deleted.append({"step": step, "path": path, "reason": error.strerror or str(error)})
-                    del doomed[step]
+            failed = {} if dry_run else delete_checkpoints(fs, doomed)  # one that cannot go never stops the rest
+            not_deleted = [{"step": step, "path": doomed.pop(step), "reason": why} for step, why in failed.items()]
         damaged: list[dict[str, Any]] = [{"step": step, "path": path, "problems": problems}
                    for step, (path, problems) in plan.damaged.items()]
         not_folders = [{"step": info.step, "path": info.path} for info in infos if not info.is_folder]

@@ -47,11 +47,10 @@ from gpufleet.runtime.checkpoint.names import (
     parse_step,
     step_dirname,
 )
-from gpufleet.runtime.checkpoint.retention import plan_retention, steps_to_delete
+from gpufleet.runtime.checkpoint.retention import delete_checkpoints, plan_retention, steps_to_delete
 from gpufleet.runtime.checkpoint.store import (
     TransferPolicy,
     copy_checkpoint,
-    delete_checkpoint,
     install_checkpoint,
     list_checkpoints,
     open_url,
@@ -403,13 +402,11 @@ class CheckpointManager:
         for path, problems in plan.damaged.values():
             log.warning("checkpoint %s is damaged (%s); retention leaves it in place and does not count it",
                         path, "; ".join(problems))
+        failed = delete_checkpoints(_local_fs(), plan.delete)
         for step, path in plan.delete.items():
-            try:
-                remove_tree(Path(path))
-            except OSError as error:
-                log.warning("retention could not delete %s: %s; left in place", path, error)
-                continue
-            if self._uploader is not None:
+            if step in failed:
+                log.warning("retention could not delete %s: %s; left in place", path, failed[step])
+            elif self._uploader is not None:
                 self._uploader.forget(step)  # a failed upload of it is superseded
 
     # -- upload and restore -----------------------------------------------------------------------
@@ -438,12 +435,15 @@ class CheckpointManager:
             return
         fs, base = self._remote
         in_flight = self._uploader.in_flight()
-        for info in list_checkpoints(fs, base):
-            if info.is_folder and not info.has_manifest and info.step < uploaded and info.step not in in_flight:
-                delete_checkpoint(fs, info.path)
+        leftovers = {info.step: info.path for info in list_checkpoints(fs, base) if info.is_folder
+                     and not info.has_manifest and info.step < uploaded and info.step not in in_flight}
+        failed = delete_checkpoints(fs, leftovers)
+        for step, path in leftovers.items():
+            if step in failed:
+                log.warning("could not remove %s, an upload of step %d that was cut off: %s", path, step, failed[step])
+            else:
                 log.info("removed %s from the store: an upload of step %d that was cut off and is no longer pending "
-                         "(retention deleted its local copy, or the process uploading it stopped)",
-                         info.path, info.step)
+                         "(retention deleted its local copy, or the process uploading it stopped)", path, step)
 
     def _restore_from_store(self) -> int | None:
         if self._remote is None:
