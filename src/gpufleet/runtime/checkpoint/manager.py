@@ -9,7 +9,10 @@
         6. rank 0 moves `latest`, applies retention, queues the upload; all ranks learn the outcome
 
 A crash before step 5 leaves only a hidden temporary directory, which is never loaded and is removed
-on the next start; a crash after it leaves a whole, verifiable checkpoint.
+on the next start; a crash after it leaves a whole, verifiable checkpoint. A re-save of an existing step moves the
+old copy to a hidden `.superseded-step_…` first (`fsutil.replace_dir`); a crash before the new copy is in place
+leaves it whole there, and the next start renames it back (`_restore_superseded`): the old copy or the new, never
+neither.
 
 Nothing that is not a complete checkpoint is deleted: where a save (step 5) or a restore from the store finds
 something at `step_…` that is not a complete checkpoint (a damaged one, a folder without a manifest, a

@@ -383,10 +383,11 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
     and `dst` is inspected again just before the copy is renamed into place (so a folder written during the copy is
     refused; the check and the rename are not atomic, so a write in the last moment is not detected): a crash
     leaves `dst` as it was (when a damaged or cut-off copy is being replaced, there is an
-    instant between moving it aside and renaming the new copy in when `dst` is absent; the source still holds the
-    checkpoint and a retry completes it). An object store has no rename: there the manifest, written last, is the
-    commit, and an interrupted copy leaves a prefix without one, which a retry completes. An OSError (a permission
-    refused, a busy device) is raised as CheckpointError naming the path, so a caller copying many steps can go on.
+    instant between moving it aside and renaming the new copy in when `dst` is absent and the old copy lies whole
+    under a hidden `.superseded-` name, which the next CheckpointManager start renames back: `fsutil.replace_dir`).
+    An object store has no rename: there the manifest, written last, is the commit, and an interrupted copy leaves a
+    prefix without one, which a retry completes. An OSError (a permission refused, a busy device) is raised as
+    CheckpointError naming the path, so a caller copying many steps can go on.
     """
     try:
         return _install(src_fs, src, dst_fs, dst, policy)
@@ -433,7 +434,8 @@ def _rename_into_place(fs: Any, tmp: Path, final: Path, state: str, manifest: Ma
     """Rename the whole copy `tmp` to `final`, which must still be as `_existing` found it (`state`).
 
     A damaged or cut-off copy at `final` goes out of the way by one rename, the new one in by the next, and the old
-    one is deleted only after (only between the two renames is there no `final`).
+    one is deleted only after (`fsutil.replace_dir`: between the two renames the old one lies whole under a hidden
+    `.superseded-` name, which the next CheckpointManager start renames back).
     """
     if state == "absent":
         if os.path.lexists(final):
