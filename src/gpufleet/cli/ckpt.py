@@ -29,6 +29,8 @@ WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a
 StepOption = typer.Option(None, "--step", help="Only this step (default: every checkpoint).")
 URL_FORMS = "a folder, or a URL such as s3://bucket/prefix"
 SET_ASIDE_NOTE = "set aside (not a checkpoint; delete when reviewed)"
+LEFTOVER_NOTE = ("no manifest: an upload or a deletion cut off, not a checkpoint (`gpufleet ckpt prune --incomplete` "
+                 "removes it)")
 DEFAULT_DEADLINE_S = 30.0
 """Judgement call: long enough to ride out a connection reset or a store's brief 5xx burst, short enough that a
 script learns of an outage in well under a minute."""
@@ -194,37 +196,20 @@ def register(app: typer.Typer) -> None:
     def verify(where: str = WhereArgument, step: int = StepOption, json: bool = JsonOption) -> None:
         """Check every file of every checkpoint against its manifest; exit 1 naming each bad file.
 
-        A folder with no checkpoints in it also exits 1, as does a file named like a checkpoint (it is not one);
-        a path that does not exist or is a file exits 2.
+        In an object store, a step prefix without a manifest is a leftover (an upload cut off, or a deletion cut off):
+        not a checkpoint, reported as a leftover and not as a failure (`ckpt prune --incomplete` removes it). On a
+        local disk a save commits by a rename, so a step folder without a manifest there is damage. A folder with no
+        complete checkpoint in it also exits 1, as does a file named like a checkpoint (it is not one); a path that
+        does not exist or is a file exits 2.
 
         Example: `gpufleet ckpt verify /checkpoints/run7 --step 1200`
         """
-        from gpufleet.runtime.checkpoint.errors import CheckpointError
-        from gpufleet.runtime.checkpoint.names import join
-        from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
-        from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER, verify_checkpoint
+        from gpufleet.runtime.checkpoint.store import store_errors
 
         _check_step(step)
         out = Output(json)
-        results: list[dict[str, Any]] = []
         with _unreachable_exits(), store_errors(where):
-            fs, root = _open(where)
-            infos = list_checkpoints(fs, root)
-            if step is not None:
-                infos = [info for info in infos if info.step == step]
-                if not infos:
-                    raise CheckpointError(f"no checkpoint step {step} in {where}")
-            if not infos:
-                out.check_failed(f"no checkpoints found in {where} (no step_… folders): nothing verified",
-                                 {"root": where, "checkpoints": [], "ok": False})
-            for info in infos:
-                if not info.is_folder:
-                    results.append({"step": info.step, "path": info.path, "ok": False,
-                                    "problems": [f"{info.path}: {NOT_A_FOLDER}"]})
-                    continue
-                report = verify_checkpoint(fs, info.path)
-                results.append({"step": info.step, "path": info.path, "ok": report.ok,
-                                "problems": [f"{join(info.path, p)}" for p in report.problems]})
+            results, leftovers = _verify_all(where, step, out)
         bad = [r for r in results if not r["ok"]]
 
         def render(console: Console) -> None:
@@ -233,13 +218,48 @@ def register(app: typer.Typer) -> None:
                 console.print(f"{mark}  step {result['step']}  {result['path']}")
                 for problem in result["problems"]:
                     console.print(f"      {problem}", soft_wrap=True)
-            console.print(f"{len(results) - len(bad)} of {len(results)} checkpoints verify")
+            for item in leftovers:
+                console.print(f"leftover  step {item['step']}  {item['path']}: {LEFTOVER_NOTE}", soft_wrap=True,
+                              markup=False)
+            console.print(f"{len(results) - len(bad)} of {len(results)} checkpoints verify"
+                          + (f"; {len(leftovers)} leftover(s), not checkpoints" if leftovers else ""))
 
-        data: dict[str, Any] = {"root": where, "checkpoints": results, "ok": not bad}
+        data: dict[str, Any] = {"root": where, "checkpoints": results, "leftovers": leftovers, "ok": not bad}
         if bad:
             out.check_failed(f"{len(bad)} of {len(results)} checkpoint(s) in {where} do not verify (steps "
                              f"{', '.join(str(r['step']) for r in bad)})", data, render)
         out.emit(data, render)
+
+    def _verify_all(where: str, step: int | None, out: Output) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Verify every checkpoint under `where` (or `step`): (results, leftovers); exits 1 when none is there."""
+        from gpufleet.runtime.checkpoint.errors import CheckpointError
+        from gpufleet.runtime.checkpoint.names import join
+        from gpufleet.runtime.checkpoint.store import is_local, list_checkpoints
+        from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER, verify_checkpoint
+
+        fs, root = _open(where)
+        infos = list_checkpoints(fs, root)
+        if step is not None:
+            infos = [info for info in infos if info.step == step]
+            if not infos:
+                raise CheckpointError(f"no checkpoint step {step} in {where}")
+        leftovers = [{"step": info.step, "path": info.path} for info in infos
+                     if info.is_folder and not info.has_manifest and not is_local(fs)]
+        infos = [info for info in infos if info.step not in {item["step"] for item in leftovers}]
+        if not infos:
+            found = f" (only {len(leftovers)} leftover(s) without a manifest)" if leftovers else " (no step_… folders)"
+            out.check_failed(f"no checkpoints found in {where}{found}: nothing verified",
+                             {"root": where, "checkpoints": [], "leftovers": leftovers, "ok": False})
+        results: list[dict[str, Any]] = []
+        for info in infos:
+            if not info.is_folder:
+                results.append({"step": info.step, "path": info.path, "ok": False,
+                                "problems": [f"{info.path}: {NOT_A_FOLDER}"]})
+                continue
+            report = verify_checkpoint(fs, info.path)
+            results.append({"step": info.step, "path": info.path, "ok": report.ok,
+                            "problems": [f"{join(info.path, p)}" for p in report.problems]})
+        return results, leftovers
 
     @group.command("prune")
     def prune(
@@ -264,11 +284,8 @@ def register(app: typer.Typer) -> None:
 
         Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
         """
-        from pathlib import Path
-
-        from gpufleet.runtime.checkpoint.fsutil import remove_tree
-        from gpufleet.runtime.checkpoint.retention import plan_retention
-        from gpufleet.runtime.checkpoint.store import delete_checkpoint, is_local, list_checkpoints, store_errors
+        from gpufleet.runtime.checkpoint.retention import delete_checkpoints, plan_retention
+        from gpufleet.runtime.checkpoint.store import list_checkpoints, store_errors
         from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
 
         if keep_last < 1:
@@ -286,16 +303,8 @@ def register(app: typer.Typer) -> None:
             if incomplete:
                 doomed.update(plan.incomplete)
             doomed = dict(sorted(doomed.items()))
-            not_deleted: list[dict[str, Any]] = []  # one that cannot be deleted (a permission) never stops the rest
-            for step, path in [] if dry_run else list(doomed.items()):
-                try:
-                    if is_local(fs):
-                        remove_tree(Path(path))
-                    else:
-                        delete_checkpoint(fs, path)
-                except OSError as error:
-                    not_deleted.append({"step": step, "path": path, "reason": error.strerror or str(error)})
-                    del doomed[step]
+            failed = {} if dry_run else delete_checkpoints(fs, doomed)  # one that cannot go never stops the rest
+            not_deleted = [{"step": step, "path": doomed.pop(step), "reason": why} for step, why in failed.items()]
         damaged: list[dict[str, Any]] = [{"step": step, "path": path, "problems": problems}
                    for step, (path, problems) in plan.damaged.items()]
         not_folders = [{"step": info.step, "path": info.path} for info in infos if not info.is_folder]

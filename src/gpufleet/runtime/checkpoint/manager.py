@@ -9,7 +9,10 @@
         6. rank 0 moves `latest`, applies retention, queues the upload; all ranks learn the outcome
 
 A crash before step 5 leaves only a hidden temporary directory, which is never loaded and is removed
-on the next start; a crash after it leaves a whole, verifiable checkpoint.
+on the next start; a crash after it leaves a whole, verifiable checkpoint. A re-save of an existing step moves the
+old copy to a hidden `.superseded-step_…` first (`fsutil.replace_dir`); a crash before the new copy is in place
+leaves it whole there, and the next start renames it back (`_restore_superseded`): the old copy or the new, never
+neither.
 
 Nothing that is not a complete checkpoint is deleted: where a save (step 5) or a restore from the store finds
 something at `step_…` that is not a complete checkpoint (a damaged one, a folder without a manifest, a
@@ -29,7 +32,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from gpufleet.runtime.checkpoint.fsutil import atomic_write, fsync_dir, move_aside, remove_tree, replace_dir
+from gpufleet.runtime.checkpoint.fsutil import (
+    atomic_write,
+    fsync_dir,
+    move_aside,
+    remove_tree,
+    replace_dir,
+    restore,
+    superseded_copies,
+)
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, hash_stream
 from gpufleet.runtime.checkpoint.names import (
     LATEST_NAME,
@@ -39,7 +50,7 @@ from gpufleet.runtime.checkpoint.names import (
     parse_step,
     step_dirname,
 )
-from gpufleet.runtime.checkpoint.retention import plan_retention, steps_to_delete
+from gpufleet.runtime.checkpoint.retention import delete_checkpoints, plan_retention, steps_to_delete
 from gpufleet.runtime.checkpoint.store import (
     TransferPolicy,
     copy_checkpoint,
@@ -394,19 +405,18 @@ class CheckpointManager:
         for path, problems in plan.damaged.values():
             log.warning("checkpoint %s is damaged (%s); retention leaves it in place and does not count it",
                         path, "; ".join(problems))
+        failed = delete_checkpoints(_local_fs(), plan.delete)
         for step, path in plan.delete.items():
-            try:
-                remove_tree(Path(path))
-            except OSError as error:
-                log.warning("retention could not delete %s: %s; left in place", path, error)
-                continue
-            if self._uploader is not None:
+            if step in failed:
+                log.warning("retention could not delete %s: %s; left in place", path, failed[step])
+            elif self._uploader is not None:
                 self._uploader.forget(step)  # a failed upload of it is superseded
 
     # -- upload and restore -----------------------------------------------------------------------
 
     def _upload(self, step: int) -> bool:
-        """Copy local `step` to the store (the upload thread); False when retention deleted it meanwhile."""
+        """Copy local `step` to the store (the upload thread); False when retention deleted it meanwhile. Once it is
+        there, the store's leftovers of older steps are removed (`_remove_remote_leftovers`)."""
         if self._remote is None:
             return False
         fs, base = self._remote
@@ -414,7 +424,29 @@ class CheckpointManager:
         if not local.exists():
             return False
         install_checkpoint(_local_fs(), str(local), fs, join(base, step_dirname(step)), self.transfer)
+        try:
+            self._remove_remote_leftovers(step)
+        except Exception as error:  # the step is in the store: a leftover left in place is reported, not a failure
+            log.warning("step %d is in the store, but its leftovers could not be removed: %s", step, error)
         return True
+
+    def _remove_remote_leftovers(self, uploaded: int) -> None:
+        """Remote retention of what no upload will finish: delete each prefix without a manifest (an upload cut off)
+        of a step older than `uploaded` that is not queued or waiting for a retry here (e.g. one that local retention
+        deleted before its upload could land). Complete checkpoints in the store are never touched."""
+        if self._remote is None or self._uploader is None:
+            return
+        fs, base = self._remote
+        in_flight = self._uploader.in_flight()
+        leftovers = {info.step: info.path for info in list_checkpoints(fs, base) if info.is_folder
+                     and not info.has_manifest and info.step < uploaded and info.step not in in_flight}
+        failed = delete_checkpoints(fs, leftovers)
+        for step, path in leftovers.items():
+            if step in failed:
+                log.warning("could not remove %s, an upload of step %d that was cut off: %s", path, step, failed[step])
+            else:
+                log.info("removed %s from the store: an upload of step %d that was cut off and is no longer pending "
+                         "(retention deleted its local copy, or the process uploading it stopped)", path, step)
 
     def _restore_from_store(self) -> int | None:
         if self._remote is None:
@@ -524,12 +556,31 @@ class CheckpointManager:
         return sorted(found)
 
     def _sweep(self) -> None:
-        """Remove what crashed saves and deletions left behind: hidden temporary and trash dirs."""
+        """Remove what crashed saves and deletions left behind (hidden temporary and trash dirs), after putting back
+        any checkpoint a re-save had moved aside and not yet replaced (`_restore_superseded`)."""
+        self._restore_superseded()
         for path in self.root.iterdir():
             if path.name.startswith((TMP_PREFIX, TRASH_PREFIX)) and path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             elif path.name.startswith((f"{LATEST_NAME}.tmp-", f"{MANIFEST_NAME}.tmp-")):
                 path.unlink(missing_ok=True)
+
+    def _restore_superseded(self) -> None:
+        """A re-save killed between its two renames (`fsutil.replace_dir`) left the old checkpoint whole under
+        `.superseded-step_…` and nothing at `step_…`: rename it back. Where `step_…` is a complete checkpoint (the new
+        copy arrived) the superseded one is deleted; where something else stands there, that is set aside first."""
+        for name, path in superseded_copies(self.root):
+            final = self.root / name
+            if parse_step(name) is None:
+                continue
+            if os.path.lexists(final) and _is_complete_checkpoint(final):
+                remove_tree(path)
+                continue
+            if os.path.lexists(final):
+                _set_aside(final, f"restoring the superseded copy of {name}", "it is not a complete checkpoint")
+            restore(path, final)
+            log.warning("restored %s from %s: a re-save of it was interrupted before its new copy was in place",
+                        final, path.name)
 
     # -- distributed plumbing ---------------------------------------------------------------------
 

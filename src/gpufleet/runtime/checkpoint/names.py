@@ -11,6 +11,9 @@ STEP_DIGITS = 12
 _STEP_DIR = re.compile(rf"^step_(\d{{{STEP_DIGITS}}})$")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+SUPERSEDED_PREFIX = ".superseded-"
+"""`.superseded-step_…-XXXXXXXX`: a whole checkpoint moved out of the way by `fsutil.replace_dir` while its new copy is
+renamed in; restored by the next start when the new copy never arrived (`fsutil.superseded_copies`)."""
 SET_ASIDE_MARK = ".set-aside-"
 """`step_….set-aside-XXXXXXXX`: something that stood where a checkpoint had to go, kept whole under a visible name
 that no checkpoint code lists, loads, prunes or sweeps."""

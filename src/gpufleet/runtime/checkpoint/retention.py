@@ -3,16 +3,20 @@
 `steps_to_delete` is the pure rule; `plan_retention` applies it to the checkpoints found under a root,
 counting only those that are complete (`check_complete`, the one definition `list` uses) and, on
 request, whose every byte matches its checksum. Damaged checkpoints are never deleted and never counted:
-a damaged newer checkpoint cannot push a good older one out of the kept set.
+a damaged newer checkpoint cannot push a good older one out of the kept set. `delete_checkpoints` is the one
+executor: the manager's retention, its removal of leftovers in the store and `gpufleet ckpt prune` all delete through
+it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError
+from gpufleet.runtime.checkpoint.fsutil import is_local, remove_tree
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME
 from gpufleet.runtime.checkpoint.names import join
 from gpufleet.runtime.checkpoint.verify import check_complete, verify_checkpoint
@@ -85,3 +89,25 @@ def plan_retention(fs: Any, checkpoints: Sequence[tuple[int, str]], keep_last: i
         (plan.delete if step in doomed else plan.keep)[step] = path
     plan.damaged = dict(sorted(plan.damaged.items()))
     return plan
+
+
+def delete_checkpoints(fs: Any, doomed: Mapping[int, str]) -> dict[int, str]:
+    """Delete each checkpoint in `doomed` (step -> path) on the file system `fs`; returns step -> why for those that
+    could not be deleted (an OSError: a permission refused), after still deleting the others.
+
+    Crash semantics: on a local disk each goes by `fsutil.remove_tree` (renamed to a hidden `.trash-…` first, so a
+    half-deleted checkpoint never keeps its name); in a store by `store.delete_checkpoint` (the manifest first, so a
+    half-deleted one is at once no longer complete, only a leftover without a manifest).
+    """
+    from gpufleet.runtime.checkpoint.store import delete_checkpoint
+
+    failed: dict[int, str] = {}
+    for step, path in sorted(doomed.items()):
+        try:
+            if is_local(fs):
+                remove_tree(Path(path))
+            else:
+                delete_checkpoint(fs, path)
+        except OSError as error:
+            failed[step] = error.strerror or str(error)
+    return failed

@@ -1,7 +1,8 @@
 """Checkpoints on any fsspec file system: list, copy (upload/download) with retries, delete.
 
 The copy protocol mirrors the local commit: every data file first, each checked by size after it
-lands, and the manifest last. A reader that sees a manifest therefore sees a whole checkpoint; a copy
+lands, then all of them again by one listing (a store may lose what it acknowledged: `landed`), and the manifest
+last. A reader that sees a manifest therefore sees a whole checkpoint; a copy
 cut off at any point leaves a directory without a manifest, which is never listed as complete.
 `install_checkpoint` adds the rest: it never writes over another checkpoint, nor over anything that is not a copy
 of the one it installs, and on a local disk it copies into a hidden temporary sibling that is renamed into place
@@ -11,6 +12,7 @@ only once whole and durable.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
@@ -30,6 +32,7 @@ from gpufleet.runtime.checkpoint.errors import (
     TransferError,
 )
 from gpufleet.runtime.checkpoint.fsutil import fsync_dir, fsync_file, is_local, replace_dir
+from gpufleet.runtime.checkpoint.landed import not_landed
 from gpufleet.runtime.checkpoint.manifest import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunks
 from gpufleet.runtime.checkpoint.names import SET_ASIDE_MARK, TMP_PREFIX, join, parse_step
 from gpufleet.runtime.checkpoint.reach import is_unreachable
@@ -245,13 +248,18 @@ class _Throttle:
 
 
 def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
-              policy: TransferPolicy, throttle: _Throttle) -> None:
-    """One streamed copy (multipart on object stores), checked by size; an abort discards the upload."""
+              policy: TransferPolicy, throttle: _Throttle) -> str:
+    """One streamed copy (multipart on object stores), checked by size; an abort discards the upload. Returns the MD5
+    of the bytes sent (what a store's single-part ETag must equal: `landed.not_landed`); "" on a local disk, which
+    reports none."""
+    md5 = None if is_local(dst_fs) else hashlib.md5(usedforsecurity=False)
     with src_fs.open(src, "rb") as source:
         sink = dst_fs.open(dst, "wb", block_size=policy.part_bytes)
         try:
             for block in chunks(source, min(policy.part_bytes, CHUNK_BYTES)):
                 sink.write(block)
+                if md5 is not None:
+                    md5.update(block)
                 throttle.account(len(block))
         except BaseException:
             discard = getattr(sink, "discard", None)
@@ -266,25 +274,49 @@ def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
     landed = int(dst_fs.info(dst)["size"])
     if landed != expected_bytes:
         raise OSError(f"{dst}: {landed} bytes arrived, {expected_bytes} sent")
+    return "" if md5 is None else md5.hexdigest()
+
+
+PROOF_ROUNDS = 3
+"""Judgement call: how many times one copy re-sends files that a listing shows the store lost before it gives up
+(TransferError: the uploader tries the step again later)."""
 
 
 def copy_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> Manifest:
     """Copy one committed checkpoint into `dst`, data files first and the manifest last.
 
+    Before the manifest (the commit mark) is written, one fresh listing of `dst` must show every data file at its
+    size, and at its MD5 where the store reports one (`landed.not_landed`): a file the store acknowledged and then
+    lost is sent again, up to PROOF_ROUNDS times, after which TransferError is raised with no manifest written.
     Writes straight into `dst`, which should be new (a temporary directory, or a store prefix that
     `install_checkpoint` checked): use `install_checkpoint` to copy into a root.
     """
     manifest = read_manifest(src_fs, src)
     throttle = _Throttle(policy.max_bytes_per_s)
+    md5_by_name: dict[str, str] = {}
 
     def reset() -> None:
         dst_fs.invalidate_cache()
 
+    def send(names: list[str]) -> None:
+        for name in names:
+            size_bytes = manifest.files[name].size_bytes
+            md5_by_name[name] = with_retries(lambda name=name, size_bytes=size_bytes: copy_file(  # type: ignore[misc]
+                src_fs, join(src, name), dst_fs, join(dst, name), size_bytes, policy, throttle),
+                f"copy {join(src, name)} -> {join(dst, name)}", policy, reset)
+
     dst_fs.makedirs(dst, exist_ok=True)
-    for name, entry in sorted(manifest.files.items()):
-        with_retries(lambda name=name, entry=entry: copy_file(  # type: ignore[misc]
-            src_fs, join(src, name), dst_fs, join(dst, name), entry.size_bytes, policy, throttle),
-            f"copy {join(src, name)} -> {join(dst, name)}", policy, reset)
+    send(sorted(manifest.files))
+    for round_number in itertools.count(1):
+        lost = with_retries(lambda: not_landed(dst_fs, dst, manifest.files, md5_by_name), f"list {dst}", policy)
+        if not lost:
+            break
+        said = "; ".join(f"{name}: {why}" for name, why in lost.items())
+        if round_number > PROOF_ROUNDS:
+            raise TransferError(f"{dst}: the store does not keep what it acknowledged after {PROOF_ROUNDS} re-sends "
+                                f"({said}); no manifest written, the copy is not complete")
+        log.warning("%s: the store no longer holds files it acknowledged (%s); sending them again", dst, said)
+        send(sorted(lost))
     manifest_bytes = int(src_fs.info(join(src, MANIFEST_NAME))["size"])
     with_retries(lambda: copy_file(src_fs, join(src, MANIFEST_NAME), dst_fs, join(dst, MANIFEST_NAME),
                                    manifest_bytes, policy, throttle),
@@ -351,10 +383,11 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
     and `dst` is inspected again just before the copy is renamed into place (so a folder written during the copy is
     refused; the check and the rename are not atomic, so a write in the last moment is not detected): a crash
     leaves `dst` as it was (when a damaged or cut-off copy is being replaced, there is an
-    instant between moving it aside and renaming the new copy in when `dst` is absent; the source still holds the
-    checkpoint and a retry completes it). An object store has no rename: there the manifest, written last, is the
-    commit, and an interrupted copy leaves a prefix without one, which a retry completes. An OSError (a permission
-    refused, a busy device) is raised as CheckpointError naming the path, so a caller copying many steps can go on.
+    instant between moving it aside and renaming the new copy in when `dst` is absent and the old copy lies whole
+    under a hidden `.superseded-` name, which the next CheckpointManager start renames back: `fsutil.replace_dir`).
+    An object store has no rename: there the manifest, written last, is the commit, and an interrupted copy leaves a
+    prefix without one, which a retry completes. An OSError (a permission refused, a busy device) is raised as
+    CheckpointError naming the path, so a caller copying many steps can go on.
     """
     try:
         return _install(src_fs, src, dst_fs, dst, policy)
@@ -401,7 +434,8 @@ def _rename_into_place(fs: Any, tmp: Path, final: Path, state: str, manifest: Ma
     """Rename the whole copy `tmp` to `final`, which must still be as `_existing` found it (`state`).
 
     A damaged or cut-off copy at `final` goes out of the way by one rename, the new one in by the next, and the old
-    one is deleted only after (only between the two renames is there no `final`).
+    one is deleted only after (`fsutil.replace_dir`: between the two renames the old one lies whole under a hidden
+    `.superseded-` name, which the next CheckpointManager start renames back).
     """
     if state == "absent":
         if os.path.lexists(final):

@@ -71,6 +71,11 @@ class Uploader:
             if self._failed.pop(step, None) is not None:
                 log.info("upload of step %d superseded: retention deleted it locally", step)
 
+    def in_flight(self) -> set[int]:
+        """Steps queued or waiting to be tried again: their prefix in the store may be a copy still to be finished."""
+        with self._lock:
+            return self._queued | set(self._failed)
+
     @property
     def failed_steps(self) -> list[int]:
         with self._lock:

@@ -72,7 +72,8 @@ def read_manifest(fs: Any, path: str, *, step: int | None = None) -> Manifest:
     try:
         data = _manifest_bytes(fs, target)
     except FileNotFoundError as error:
-        raise CorruptCheckpointError(path, [f"{MANIFEST_NAME}: missing (the save never committed)"]) from error
+        raise CorruptCheckpointError(path, [f"{MANIFEST_NAME}: missing (not a committed checkpoint: a save or copy "
+                                            f"that did not finish, or a deletion cut off)"]) from error
     except NotADirectoryError as error:
         raise CorruptCheckpointError(path, [f"{path} is {NOT_A_FOLDER}"]) from error
     except READ_ERRORS as error:
