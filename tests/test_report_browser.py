@@ -278,3 +278,25 @@ def test_validate_report_in_chromium(browser: str, tmp_path: Path) -> None:
     assert [chart["id"] for chart in seen["charts"]] == ["fig-parity", "fig-summary"]
     parity = next(chart for chart in seen["labels"] if chart["id"] == "fig-parity")
     assert parity["labels"] == ["predicted = measured"] and parity["marks"] > 10, parity
+
+
+def test_labels_clear_crowded_data_in_chromium(browser: str, tmp_path: Path) -> None:
+    """Where the first place a label would go is full of data (markers along the top of the plot where a
+    break-even label starts, points on the parity line's end), the labels move; checked on the rendered boxes."""
+    from gpufleet.report.html import page
+    from gpufleet.report.svg import Axis, Marker, Series, figure, line_chart
+
+    rising = Series("owned", points=tuple((month / 4, 95 + 1.5 * (month % 3)) for month in range(49)))
+    cost = line_chart([rising, Series("rented", points=tuple((m / 4, 10 + m) for m in range(49)))],
+                      x_axis=Axis("months"), y_axis=Axis("USD"), x_markers=[Marker(6.0, "break-even 6.0 mo")],
+                      y_markers=[Marker(90.0, "budget")], title="crowded cost", desc="markers under every label")
+    on_line = tuple((float(v), float(v) * factor) for v in range(100, 1000, 25) for factor in (0.97, 1.0, 1.03))
+    parity = line_chart([Series("runs", points=on_line, line=False)], x_axis=Axis("measured", 10),
+                        y_axis=Axis("predicted", 10), y_from_zero=False, title="crowded parity", desc="points",
+                        guides=[Series("predicted = measured", points=((100.0, 100.0), (1000.0, 1000.0)))])
+    report = tmp_path / "crowded.html"
+    report.write_text(page("crowded", [figure(cost, "cost", "fig-a"), figure(parity, "parity", "fig-b")]))
+    seen = load(browser, report, tmp_path / "crowded.png")
+    assert [chart["labels"] for chart in seen["labels"]] == [["break-even 6.0 mo", "budget"],
+                                                             ["predicted = measured"]]
+    assert [chart["covering"] for chart in seen["labels"]] == [[], []], seen["labels"]
