@@ -23,7 +23,7 @@ _STYLE = (
     # a .fit table wraps its text to fit the page's column; where it still must scroll (a narrow window), its
     # first two columns (rank and layout) stay in place while the figures scroll under them
     ".fit th,.fit td:nth-child(2),.fit td:last-child{white-space:normal;min-width:0}"
-    ".fit td:nth-child(2){min-width:10em}"
+    ".fit td,.fit th{padding:3px 6px}.fit td:nth-child(2){min-width:12em}.fit td:last-child{min-width:11em}"
     ".fit :is(td,th):nth-child(-n+2){position:sticky;z-index:1;background:#fff}"
     ".fit tr:nth-child(even) td:nth-child(-n+2){background:#f6f6f6}"
     ".fit :is(td,th):first-child{left:0;width:2.6em;min-width:2.6em;box-sizing:border-box}"
