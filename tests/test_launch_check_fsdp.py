@@ -20,7 +20,7 @@ from gpufleet.emit.check import check_files
 from gpufleet.emit.read import kind_of, read_file
 from gpufleet.emit.read_fsdp import fsdp_api
 from gpufleet.emit.read_fsdp_file import FSDP_MARKERS
-from gpufleet.errors import InputError
+from gpufleet.extras import MissingExtraError
 
 pytestmark = pytest.mark.timeout(120)
 torch = pytest.importorskip("torch", reason="the runtime extra (scripts/test installs it)")
@@ -231,8 +231,8 @@ def test_without_torch_the_check_is_one_line(tmp_path: Path, monkeypatch: pytest
     fsdp_api.cache_clear()
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)  # `from … import` raises ImportError
     try:
-        with pytest.raises(InputError, match=r"needs PyTorch, which is not installed: pip install "
-                                             r"'gpufleet\[runtime\]'"):
+        with pytest.raises(MissingExtraError, match=r"checking an FSDP config needs torch, from the runtime extra, "
+                                                    r"which is not installed: pip install 'gpufleet\[runtime\]'"):
             read_file(path)
     finally:
         fsdp_api.cache_clear()

@@ -31,6 +31,27 @@ pytestmark = [pytest.mark.timeout(240),
 #: The figures a plan report must draw (ids in src/gpufleet/report/plan_html.py).
 PLAN_FIGURES = ("fig-rejected", "fig-memory-stages", "fig-memory-plans", "fig-step-plans", "fig-step-parts",
                 "fig-scaling-throughput", "fig-scaling-time", "fig-cost", "fig-power", "fig-goodput")
+#: The window the plan report's ranked table must fit (the issue's laptop-sized browser), and the narrow one where it
+#: may scroll with its rank and layout columns held in place.
+WIDE_WINDOW_PX, NARROW_WINDOW_PX = 1400, 700
+#: Per chart: every reference or guide label (class 'label') whose rendered box overlaps a data marker or bar
+#: (class 'mark'), and the labels drawn.
+LABELS_ON_DATA = (
+    "[...document.querySelectorAll('figure svg')].map(s => { const box = e => e.getBoundingClientRect();"
+    " const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;"
+    " const marks = [...s.querySelectorAll('.mark')].map(box); const labels = [...s.querySelectorAll('.label')];"
+    " return {id: s.closest('figure').id, labels: labels.map(l => l.textContent), marks: marks.length,"
+    " covering: labels.filter(l => marks.some(m => hit(box(l), m))).map(l => l.textContent)}; })")
+#: Every element outside a scrolling box that reaches past the window's right edge, and for each table that is
+#: meant to fit (class 'fit'): its box's visible and full widths, its right edge, and how its columns sit.
+WIDTHS = (
+    "({beyond: [...document.body.querySelectorAll('*')].filter(e => !e.closest('.scroll')"
+    " && e.getBoundingClientRect().right > innerWidth + 0.5).map(e => e.tagName + '#' + e.id),"
+    " fit: [...document.querySelectorAll('table.fit')].map(t => { const box = t.parentElement;"
+    " const cells = [...t.querySelectorAll('td')];"
+    " return {visible: box.clientWidth, full: box.scrollWidth, right: box.getBoundingClientRect().right,"
+    " cellsRight: Math.max(...cells.map(c => c.getBoundingClientRect().right)),"
+    " held: [1, 2].map(n => getComputedStyle(t.querySelector(`td:nth-child(${n})`)).position)}; })})")
 #: Where screenshots are copied for a person to review (the tests' own copies live under tmp_path).
 REVIEW_DIR = os.environ.get("GPUFLEET_SCREENSHOT_DIR")
 
@@ -143,8 +164,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             process.kill()
 
 
-def load(browser: str, page_path: Path, screenshot: Path) -> dict[str, Any]:
-    """Open `page_path` in a fresh tab and return what the page did: console errors, charts' boxes, fetches."""
+def load(browser: str, page_path: Path, screenshot: Path, window_px: int = 1100) -> dict[str, Any]:
+    """Open `page_path` in a fresh tab `window_px` wide and return what the page did: console errors, charts' boxes,
+    fetches, labels on data, widths."""
     request = urllib.request.Request(f"http://{browser}/json/new?about:blank", method="PUT")
     with urllib.request.urlopen(request, timeout=30) as answer:
         target = json.load(answer)
@@ -152,9 +174,12 @@ def load(browser: str, page_path: Path, screenshot: Path) -> dict[str, Any]:
     try:
         for domain in ("Page", "Runtime", "Log", "Network"):
             page.call(f"{domain}.enable")
+        page.call("Emulation.setDeviceMetricsOverride", width=window_px, height=900, deviceScaleFactor=1,
+                  mobile=False)
         page.events.clear()
         page.call("Page.navigate", url=page_path.resolve().as_uri())
         page.wait_for("Page.loadEventFired")
+        labels, widths = page.evaluate(LABELS_ON_DATA), page.evaluate(WIDTHS)
         charts = page.evaluate(
             "[...document.querySelectorAll('figure')].map(f => { const s = f.querySelector('svg');"
             " const r = s ? s.getBoundingClientRect() : {width: 0, height: 0};"
@@ -176,7 +201,7 @@ def load(browser: str, page_path: Path, screenshot: Path) -> dict[str, Any]:
         requests = [e["params"]["request"]["url"] for e in page.events
                     if e.get("method") == "Network.requestWillBeSent"]
         return {"charts": charts, "errors": errors, "fetched": fetched, "requests": requests,
-                "size": (width, height)}
+                "size": (width, height), "window": window_px, "labels": labels, "widths": widths}
     finally:
         page.ws.close()
 
@@ -193,7 +218,18 @@ def check_page(seen: dict[str, Any], page_path: Path, screenshot: Path) -> None:
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", screenshot.read_bytes()[16:24])  # the PNG's IHDR
     assert (width, height) == tuple(seen["size"])  # the whole page, nothing cut off
-    assert width <= 1100  # the page fits the window: wide tables scroll in their box instead of widening it
+    assert width <= seen["window"]  # the page fits the window: wide tables scroll in their box instead of widening it
+    assert seen["widths"]["beyond"] == []
+    for chart in seen["labels"]:
+        assert chart["covering"] == [], chart  # a label never sits on a data marker or a bar
+
+
+def check_ranked_table(seen: dict[str, Any]) -> None:
+    """At WIDE_WINDOW_PX the ranked table is whole on the page: no column hidden behind a scroll bar."""
+    [ranked] = seen["widths"]["fit"]
+    assert ranked["full"] <= ranked["visible"], ranked  # time-to-train and cost are not cut off
+    assert ranked["cellsRight"] <= ranked["right"] + 0.5 <= seen["window"], ranked
+    assert ranked["held"] == ["sticky", "sticky"]  # were the window narrower: rank and layout stay in view
 
 
 def test_plan_report_in_chromium(browser: str, tmp_path: Path) -> None:
@@ -201,9 +237,23 @@ def test_plan_report_in_chromium(browser: str, tmp_path: Path) -> None:
     done = run_gpufleet("plan", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--html", str(report))
     assert done.returncode == 0, done.stderr
     screenshot = tmp_path / "plan-report.png"
-    seen = load(browser, report, screenshot)
+    seen = load(browser, report, screenshot, WIDE_WINDOW_PX)
     check_page(seen, report, screenshot)
+    check_ranked_table(seen)
     assert [chart["id"] for chart in seen["charts"]] == list(PLAN_FIGURES)
+    labels = {chart["id"]: chart["labels"] for chart in seen["labels"]}
+    assert any(label.startswith("break-even") for label in labels["fig-cost"]), labels
+    assert any(label.startswith("HBM") for label in labels["fig-memory-plans"]), labels
+
+
+def test_ranked_table_scrolls_under_its_layout_column_in_a_narrow_window(browser: str, tmp_path: Path) -> None:
+    report = tmp_path / "plan.html"
+    done = run_gpufleet("plan", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--html", str(report))
+    assert done.returncode == 0, done.stderr
+    seen = load(browser, report, tmp_path / "plan-narrow.png", NARROW_WINDOW_PX)
+    assert seen["size"][0] <= NARROW_WINDOW_PX and seen["widths"]["beyond"] == []
+    [ranked] = seen["widths"]["fit"]
+    assert ranked["full"] > ranked["visible"] and ranked["held"] == ["sticky", "sticky"], ranked
 
 
 def test_sweep_report_in_chromium(browser: str, tmp_path: Path) -> None:
@@ -211,8 +261,9 @@ def test_sweep_report_in_chromium(browser: str, tmp_path: Path) -> None:
     done = run_gpufleet("plan", "-n", "16-64", "--deadline", "60d", "--html", str(report))
     assert done.returncode == 0, done.stderr
     screenshot = tmp_path / "sweep-report.png"
-    seen = load(browser, report, screenshot)
+    seen = load(browser, report, screenshot, WIDE_WINDOW_PX)
     check_page(seen, report, screenshot)
+    check_ranked_table(seen)
     assert [chart["id"] for chart in seen["charts"]] == list(PLAN_FIGURES)
     assert "best searched plan per GPU count" in seen["charts"][5]["caption"]
 
@@ -225,3 +276,27 @@ def test_validate_report_in_chromium(browser: str, tmp_path: Path) -> None:
     seen = load(browser, report, screenshot)
     check_page(seen, report, screenshot)
     assert [chart["id"] for chart in seen["charts"]] == ["fig-parity", "fig-summary"]
+    parity = next(chart for chart in seen["labels"] if chart["id"] == "fig-parity")
+    assert parity["labels"] == ["predicted = measured"] and parity["marks"] > 10, parity
+
+
+def test_labels_clear_crowded_data_in_chromium(browser: str, tmp_path: Path) -> None:
+    """Where the first place a label would go is full of data (markers along the top of the plot where a
+    break-even label starts, points on the parity line's end), the labels move; checked on the rendered boxes."""
+    from gpufleet.report.html import page
+    from gpufleet.report.svg import Axis, Marker, Series, figure, line_chart
+
+    rising = Series("owned", points=tuple((month / 4, 95 + 1.5 * (month % 3)) for month in range(49)))
+    cost = line_chart([rising, Series("rented", points=tuple((m / 4, 10 + m) for m in range(49)))],
+                      x_axis=Axis("months"), y_axis=Axis("USD"), x_markers=[Marker(6.0, "break-even 6.0 mo")],
+                      y_markers=[Marker(90.0, "budget")], title="crowded cost", desc="markers under every label")
+    on_line = tuple((float(v), float(v) * factor) for v in range(100, 1000, 25) for factor in (0.97, 1.0, 1.03))
+    parity = line_chart([Series("runs", points=on_line, line=False)], x_axis=Axis("measured", 10),
+                        y_axis=Axis("predicted", 10), y_from_zero=False, title="crowded parity", desc="points",
+                        guides=[Series("predicted = measured", points=((100.0, 100.0), (1000.0, 1000.0)))])
+    report = tmp_path / "crowded.html"
+    report.write_text(page("crowded", [figure(cost, "cost", "fig-a"), figure(parity, "parity", "fig-b")]))
+    seen = load(browser, report, tmp_path / "crowded.png")
+    assert [chart["labels"] for chart in seen["labels"]] == [["break-even 6.0 mo", "budget"],
+                                                             ["predicted = measured"]]
+    assert [chart["covering"] for chart in seen["labels"]] == [[], []], seen["labels"]

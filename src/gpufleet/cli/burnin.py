@@ -11,6 +11,7 @@ from rich.console import Console
 
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import Output
+from gpufleet.extras import require_extra
 from gpufleet.runtime.burnin.config import DEFAULT_MEASURE_ROUNDS, MAX_MEASURE_ROUNDS
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def register(app: typer.Typer) -> None:
                               warmup_steps=warmup_steps, seed=seed, threads=threads or None,
                               metrics_port=metrics_port, plan=plan, backend=backend,
                               measure_clock=measure_clock, measure_host=measure_host, measure_rounds=measure_rounds)
+        require_extra("torch", "`gpufleet burnin`")  # before saying how to launch: torchrun comes with torch
         identity_from_env()  # outside torchrun: say how to launch, before torch is imported
         from gpufleet.runtime.burnin.train import run_burnin
 

@@ -30,6 +30,7 @@ from gpufleet.errors import (
     describe_validation_error,
     shorten,
 )
+from gpufleet.extras import missing_extra
 
 _NOT_COMMANDS = {"main", "output", "common"}
 
@@ -164,6 +165,18 @@ def _quoting_shortened(message: str, args: list[str]) -> str:
     return message
 
 
+def _command_path(command: Any, args: list[str]) -> str:
+    """'gpufleet bench gemm': the command the arguments name, subcommand by subcommand."""
+    path = ["gpufleet"]
+    for arg in args:
+        sub = getattr(command, "commands", {}).get(arg)
+        if arg.startswith("-") or sub is None:
+            continue
+        path.append(arg)
+        command = sub
+    return " ".join(path)
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
@@ -185,6 +198,11 @@ def run(argv: list[str] | None = None) -> None:
         fail(_quoting_shortened(str(error), args), EXIT_USAGE)
     except ValidationError as error:  # a record built from the user's values broke its own rules: the same one line
         fail(_quoting_shortened(f"invalid {error.title}: {describe_validation_error(error)}", args), EXIT_USAGE)
+    except ImportError as error:  # a lazily imported module of an optional extra: name the extra, one line
+        missing = missing_extra(error, f"`{_command_path(command, args)}`")
+        if missing is None:
+            raise
+        fail(str(missing), EXIT_USAGE)
     except RecursionError:  # the input readers bound nesting; anything that still recurses this deep is input
         fail("the input is nested too deeply to read", EXIT_USAGE)
     except typer.Exit as error:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn
+from rich.text import Text
 
 from gpufleet.errors import shorten
 
@@ -55,6 +57,28 @@ def _finite(value: Any) -> Any:
     return value
 
 
+#: The styles gpufleet's own text writes as Rich markup ("[red]problem:[/red]"). Every other bracketed word is
+#: printed as written: an install hint's `gpufleet[launch-check]`, a file named `run[1].log`, a log line.
+OWN_STYLES = ("bold", "red", "green", "yellow", "cyan", "dim")
+_FOREIGN_TAG = re.compile(r"(\\*)(\[(?!/?(?:" + "|".join(OWN_STYLES) + r")\])[a-z#/@][^[]*?])")
+
+
+def literal_brackets(text: str) -> str:
+    """`text` with every bracketed word that Rich would read as markup, except gpufleet's own OWN_STYLES tags,
+    escaped so that it prints as written (rich.markup.escape's rule, applied to foreign tags only)."""
+    return _FOREIGN_TAG.sub(lambda match: f"{match[1]}{match[1]}\\{match[2]}", text)
+
+
+class OwnMarkupConsole(Console):
+    """A Console that reads only gpufleet's own style tags as markup: user text, paths and package names that
+    reach a table or a line print with their brackets."""
+
+    def render_str(self, text: str, *, markup: bool | None = None, **kwargs: Any) -> Text:
+        if markup if markup is not None else self._markup:
+            text = literal_brackets(text)
+        return super().render_str(text, markup=markup, **kwargs)
+
+
 #: Width for tables written to a pipe or a log (rich would wrap them at 80 columns); a terminal or $COLUMNS wins.
 PIPE_WIDTH_COLUMNS = 160
 
@@ -62,7 +86,7 @@ PIPE_WIDTH_COLUMNS = 160
 def _stdout_console() -> Console:
     """A console for stdout: the terminal's width, $COLUMNS, or PIPE_WIDTH_COLUMNS when piped."""
     piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
-    return Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH_COLUMNS if piped else None)
+    return OwnMarkupConsole(highlight=False, soft_wrap=False, width=PIPE_WIDTH_COLUMNS if piped else None)
 
 
 @dataclass
@@ -71,7 +95,7 @@ class Output:
 
     json_mode: bool = False
     console: Console = field(default_factory=_stdout_console)
-    err_console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    err_console: Console = field(default_factory=lambda: OwnMarkupConsole(stderr=True, highlight=False))
 
     def emit(self, data: dict[str, Any], render: Callable[[Console], None]) -> None:
         """Print `data` as JSON in --json mode, else call `render` to draw it for people."""

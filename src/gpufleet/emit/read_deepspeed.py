@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import os
 from pathlib import Path
 from typing import Any
 
 from gpufleet.emit.read import ReadConfig, _silenced, one_line
+from gpufleet.extras import require_extra
 
 #: Keys people write for degrees DeepSpeed takes elsewhere (mpu / PipelineModule / model code): read so that their
 #: stated degrees can be checked, and reported as keys DeepSpeed ignores.
@@ -74,11 +74,9 @@ def deepspeed_keys() -> frozenset[str]:
     return frozenset(probe.seen) | READ_ELSEWHERE
 
 
-def deepspeed_version() -> str | None:
-    try:
-        module = _silenced(importlib.import_module, "deepspeed")
-    except ImportError:
-        return None
+def deepspeed_version() -> str:
+    """The installed DeepSpeed's version; MissingExtraError (the launch-check extra) when it is not installed."""
+    module = _silenced(require_extra, "deepspeed", "checking a DeepSpeed config")
     return str(module.__version__)
 
 
@@ -120,10 +118,6 @@ def read(path: Path, data: dict[str, Any]) -> ReadConfig:
         found.problems.append(f"{path.name}: ZeRO stage {stage} with pipeline parallelism "
                               f"{found.degrees['pp']}: DeepSpeed's PipelineEngine allows ZeRO-1 at most")
     version = deepspeed_version()
-    if version is None:
-        found.notes.append("keys and sections not checked: DeepSpeed is not installed (pip install "
-                           "'gpufleet[launch-check]')")
-        return found
     known = deepspeed_keys()
     unknown = sorted(key for key in data if key not in known)
     if unknown:

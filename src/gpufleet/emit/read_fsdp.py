@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.emit.read import ReadConfig
-from gpufleet.errors import InputError
+from gpufleet.extras import require_extra
 
 #: ShardingStrategy member -> gpufleet's sharding name (parallel/layout.py SHARDINGS): FULL_SHARD shards weights,
 #: gradients and optimizer state (fsdp); SHARD_GRAD_OP keeps weights whole between forward and backward (ZeRO-2's
@@ -60,24 +60,15 @@ def _field_kinds(cls: type) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def fsdp_api() -> FsdpApi:
-    """Read from torch; one line (the runtime extra) when torch is not installed."""
-    try:
-        import torch
-        from torch.distributed.fsdp import (
-            BackwardPrefetch,
-            CPUOffload,
-            FullyShardedDataParallel,
-            MixedPrecision,
-            ShardingStrategy,
-        )
-    except ImportError as error:
-        raise InputError("checking an FSDP config needs PyTorch, which is not installed: pip install "
-                         "'gpufleet[runtime]'") from error
-    parameters = list(inspect.signature(FullyShardedDataParallel.__init__).parameters.values())[1:]  # not self
+    """Read from torch; MissingExtraError (the runtime extra) when torch is not installed."""
+    torch = require_extra("torch", "checking an FSDP config")
+    fsdp = require_extra("torch.distributed.fsdp", "checking an FSDP config")
+    parameters = list(inspect.signature(fsdp.FullyShardedDataParallel.__init__).parameters.values())[1:]  # not self
     keywords = {p.name: (p.default.name if isinstance(p.default, Enum) else p.default) for p in parameters}
     dtypes = frozenset(name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype))
-    return FsdpApi(str(torch.__version__).split("+")[0], keywords, tuple(ShardingStrategy.__members__),
-                   tuple(BackwardPrefetch.__members__), _field_kinds(MixedPrecision), _field_kinds(CPUOffload),
+    return FsdpApi(str(torch.__version__).split("+")[0], keywords, tuple(fsdp.ShardingStrategy.__members__),
+                   tuple(fsdp.BackwardPrefetch.__members__), _field_kinds(fsdp.MixedPrecision),
+                   _field_kinds(fsdp.CPUOffload),
                    dtypes)
 
 

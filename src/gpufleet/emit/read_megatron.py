@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.emit.read import ReadConfig, _silenced, one_line
+from gpufleet.extras import require_extra
 
 #: Megatron-LM training-loop flags that are no megatron-core config field (source: megatron/training/arguments.py
 #: of Megatron-LM core_r0.16.0; the ones gpufleet writes and the data/logging flags every recipe has).
@@ -71,13 +72,11 @@ def _value(text: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def megatron_core_fields() -> frozenset[str] | None:
-    """Field names of megatron-core's TransformerConfig, OptimizerConfig and DistributedDataParallelConfig, or None
-    when megatron-core is not installed."""
-    try:
-        classes = _silenced(_config_classes)
-    except ImportError:
-        return None
+def megatron_core_fields() -> frozenset[str]:
+    """Field names of megatron-core's TransformerConfig, OptimizerConfig and DistributedDataParallelConfig;
+    MissingExtraError (the launch-check extra) when megatron-core is not installed."""
+    _silenced(require_extra, "megatron.core", "checking Megatron-LM arguments")
+    classes = _silenced(_config_classes)
     return frozenset(f.name for cls in classes for f in dataclasses.fields(cls))
 
 
@@ -140,9 +139,6 @@ def read(path: Path, tokens: list[str]) -> ReadConfig:
         return found
     _stated(found, args)
     fields = megatron_core_fields()
-    if fields is None:
-        found.notes.append("flags not checked: megatron-core is not installed (pip install 'gpufleet[launch-check]')")
-        return found
     unknown = sorted(f"--{key.replace('_', '-')}" for key in args if key not in fields | TRAINING_FLAGS)
     if unknown:
         found.notes.append(f"flags neither megatron-core config fields nor known training flags (Megatron-LM's own "

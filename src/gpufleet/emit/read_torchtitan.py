@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.emit.read import ReadConfig, _silenced, one_line, read_text
+from gpufleet.extras import require_extra
 
 
 def config_functions(path: Path) -> list[str]:
@@ -51,11 +52,7 @@ def read(path: Path) -> ReadConfig:
     if not functions:
         found.problems.append(f"{path.name}: defines no config function for --config")
         return found
-    try:
-        import torchtitan  # noqa: F401
-    except ImportError:
-        found.notes.append("not loaded: torchtitan is not installed (pip install 'gpufleet[launch-check]')")
-        return found
+    require_extra("torchtitan", "checking a torchtitan config")
     try:
         config = load_config(path, functions[0])
     except BaseException as error:

@@ -20,6 +20,14 @@ _STYLE = (
     ".scroll{overflow-x:auto}table{font-size:.92em}details{font-size:.9em}"
     ".summary{font-size:1.1em;background:#f3f7fb;padding:.7em 1em;"
     "border-left:4px solid #0072B2}.note{color:#555;font-size:.9em}"
+    # a .fit table wraps its text to fit the page's column; where it still must scroll (a narrow window), its
+    # first two columns (rank and layout) stay in place while the figures scroll under them
+    ".fit th,.fit td:nth-child(2),.fit td:last-child{white-space:normal;min-width:0}"
+    ".fit td,.fit th{padding:3px 6px}.fit td:nth-child(2){min-width:12em}.fit td:last-child{min-width:11em}"
+    ".fit :is(td,th):nth-child(-n+2){position:sticky;z-index:1;background:#fff}"
+    ".fit tr:nth-child(even) td:nth-child(-n+2){background:#f6f6f6}"
+    ".fit :is(td,th):first-child{left:0;width:2.6em;min-width:2.6em;box-sizing:border-box}"
+    ".fit :is(td,th):nth-child(2){left:2.6em}"
 )
 
 
@@ -39,16 +47,18 @@ def page(title: str, body: list[str]) -> str:
     ])
 
 
-def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
+def table(header: list[str], rows: list[list[str]], align: str = "", fit: bool = False) -> str:
     """A table in a horizontally scrolling box (wide tables never widen the page); `align` gives each column
-    l(eft) or r(ight), left by default."""
+    l(eft) or r(ight), left by default. `fit`: the headers and the second and last columns wrap so that the table
+    fits the page, and the first two columns stay in place if it must scroll all the same."""
     def cell(tag: str, index: int, text: str) -> str:
         side = "right" if index < len(align) and align[index] == "r" else "left"
         return f"<{tag} style='text-align:{side}'>{html.escape(text, quote=False)}</{tag}>"
 
     head = "".join(cell("th", i, text) for i, text in enumerate(header))
     body = "".join("<tr>" + "".join(cell("td", i, text) for i, text in enumerate(row)) + "</tr>" for row in rows)
-    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+    kind = " class='fit'" if fit else ""
+    return f"<div class='scroll'><table{kind}><tr>{head}</tr>{body}</table></div>"
 
 
 def write_report(path: Path, text: str, flag: str = "--html") -> None:

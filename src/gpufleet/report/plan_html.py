@@ -84,7 +84,7 @@ def _plans_table(figures: PlanFigures) -> str:
                      f"{econ.goodput:.1%}" if econ else "–", _days(plan.wall_time_s),
                      f"{_usd(cheapest.usd)} {cheapest.name}" if cheapest else "–"])
     return table(["#", "layout", "memory / HBM", "step", "tokens/s/GPU", "MFU", "goodput", "time-to-train",
-                  "cheapest cloud"], rows, "rlrrrrrrl")
+                  "cheapest cloud"], rows, "rlrrrrrrl", fit=True)
 
 
 def _rejected(figures: PlanFigures) -> str:

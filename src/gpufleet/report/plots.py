@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import InputError
+from gpufleet.extras import require_extra
 
 Series = dict[str, list[tuple[float, float]]]
 
@@ -33,15 +34,9 @@ def _write_text(path: Path, text: str) -> None:
 
 def _pyplot(path: Path) -> Any:
     """matplotlib.pyplot on the file-only Agg backend, or one clear line saying how to get it."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise InputError(f"--plot {path.name} needs matplotlib: pip install 'gpufleet[plot]' (or use FILE.html)"
-                         ) from error
-    return plt
+    alternative = "or write FILE.html, which needs nothing more"
+    require_extra("matplotlib", f"--plot {path.name}", alternative).use("Agg")
+    return require_extra("matplotlib.pyplot", f"--plot {path.name}", alternative)
 
 
 def _save(plt: Any, figure: Any, path: Path) -> None:

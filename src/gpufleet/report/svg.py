@@ -13,6 +13,7 @@ reader who cannot tell two colours apart can still tell the series apart.
 from __future__ import annotations
 
 import html
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,6 +134,90 @@ class _Scale:
         return self.start_px + fraction * (self.end_px - self.start_px)
 
 
+#: A box on the chart in pixels: (left, top, right, bottom).
+Box = tuple[float, float, float, float]
+#: Judgement: the average advance of system-ui at 12 px is about 6.5 px a character; 0.6 em per character and 2 px
+#: of margin keep a label's estimated box around the text a browser draws.
+_CHAR_EM = 0.6
+_LABEL_MARGIN_PX = 2.0
+#: What a label candidate pays for each thing it would cover: a data marker or bar (never, while any place is
+#: clear), another label, leaving the plot, a line of the chart.
+_COVER_MARK, _COVER_LABEL, _COVER_OUTSIDE, _COVER_LINE = 1000.0, 100.0, 100.0, 1.0
+
+
+def _text_box(x: float, y: float, content: str, anchor: str, size_px: int = 12) -> Box:
+    """The estimated box of `_text(x, y, content, anchor)`, with a small margin."""
+    width = _CHAR_EM * size_px * len(content)
+    left = x - width if anchor == "end" else x - width / 2 if anchor == "middle" else x
+    m = _LABEL_MARGIN_PX
+    return (left - m, y - 0.8 * size_px - m, left + width + m, y + 0.25 * size_px + m)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@dataclass
+class _Obstacles:
+    """What a label must stay clear of, in pixels: data marks (markers, bars), placed labels, lines."""
+
+    plot: Box
+    marks: list[Box]
+    lines: list[Box]
+    labels: list[Box]
+
+    def cost(self, box: Box) -> float:
+        inside = self.plot[0] <= box[0] and box[2] <= self.plot[2] and self.plot[1] <= box[1] and box[3] <= self.plot[3]
+        return (_COVER_MARK * sum(_overlap(box, m) for m in self.marks) + _COVER_OUTSIDE * (not inside)
+                + _COVER_LABEL * sum(_overlap(box, b) for b in self.labels)
+                + _COVER_LINE * sum(_overlap(box, b) for b in self.lines))
+
+    def place(self, content: str, candidates: Sequence[tuple[float, float, str]], extra: str = "") -> str:
+        """The label at the first candidate (x, y, anchor) that covers nothing, else at the one that covers least
+        (a marker last of all); the label is then an obstacle for the next one."""
+        best = min(candidates, key=lambda c: self.cost(_text_box(c[0], c[1], content, c[2])))
+        self.labels.append(_text_box(best[0], best[1], content, best[2]))
+        return _text(best[0], best[1], content, best[2], f"class='label' {extra}".strip())
+
+
+def _line_boxes(pixels: Sequence[tuple[float, float]], step_px: float = 6.0) -> list[Box]:
+    """Small boxes along a polyline, every `step_px`: a label placed clear of them does not cross the line."""
+    boxes = []
+    for (x0, y0), (x1, y1) in itertools.pairwise(pixels):
+        count = max(1, math.ceil(math.hypot(x1 - x0, y1 - y0) / step_px))
+        boxes += [(x - 1.5, y - 1.5, x + 1.5, y + 1.5) for k in range(count + 1)
+                  for x, y in [(x0 + (x1 - x0) * k / count, y0 + (y1 - y0) * k / count)]]
+    return boxes
+
+
+def _marker_box(x: float, y: float) -> Box:
+    return (x - 5.0, y - 5.0, x + 5.0, y + 5.0)
+
+
+def _along_vertical(pos: float, plot: Box) -> list[tuple[float, float, str]]:
+    """Places for the label of a vertical reference line at x = `pos`: beside it, right then left, top down."""
+    return [(pos + side * 4, y, "start" if side > 0 else "end")
+            for y in _steps(plot[1] + 14, plot[3] - 4, 14) for side in (1, -1)]
+
+
+def _along_horizontal(pos: float, plot: Box) -> list[tuple[float, float, str]]:
+    """Places for the label of a horizontal reference line at y = `pos`: above then below it, right to left."""
+    right = plot[2] - 4
+    return [(x, y, "end") for x in _steps(right, plot[0] + 40, -40) for y in (pos - 5, pos + 15)]
+
+
+def _along_line(pixels: Sequence[tuple[float, float]]) -> list[tuple[float, float, str]]:
+    """Places for a guide's label: beside the line (below-right, then above-left), from its end back."""
+    (x0, y0), (x1, y1) = pixels[0], pixels[-1]
+    points = [(x0 + (x1 - x0) * t / 20, y0 + (y1 - y0) * t / 20) for t in range(20, 0, -1)]
+    return [c for x, y in points for c in ((x + 6, y + 15, "start"), (x - 6, y - 6, "end"))]
+
+
+def _steps(start: float, stop: float, step: float) -> list[float]:
+    count = max(1, int((stop - start) / step) + 1)
+    return [start + k * step for k in range(count)]
+
+
 def _text(x: float, y: float, content: str, anchor: str = "middle", extra: str = "", size_px: int = 12) -> str:
     return (f"<text x='{x:.1f}' y='{y:.1f}' text-anchor='{anchor}' {_FONT} font-size='{size_px}' {extra}>"
             f"{html.escape(content)}</text>")
@@ -152,9 +237,11 @@ def _legend(names: Sequence[str], top_px: float, shapes: bool) -> tuple[str, flo
     return "".join(parts), (y - top_px + 8 if names else 0.0)
 
 
-def _marker(index: int, x: float, y: float) -> str:
-    """Series `index`'s marker: colour and shape both cycle, so 32 series stay distinct pairs."""
-    paint = f"fill='{colour(index)}' stroke='#333' stroke-width='0.6'"  # an outline keeps yellow visible on white
+def _marker(index: int, x: float, y: float, data: bool = False) -> str:
+    """Series `index`'s marker: colour and shape both cycle, so 32 series stay distinct pairs; `data` marks a data
+    point (class 'mark'), not a legend swatch."""
+    kind = "class='mark' " if data else ""
+    paint = f"{kind}fill='{colour(index)}' stroke='#333' stroke-width='0.6'"  # an outline keeps yellow visible
     shape = MARKERS[(index + index // len(OKABE_ITO)) % len(MARKERS)]
     if shape == "circle":
         return f"<circle cx='{x:.1f}' cy='{y:.1f}' r='4' {paint}/>"
@@ -216,6 +303,7 @@ def bar_chart(categories: Sequence[str], series: Sequence[Series], *, value_axis
     span = (plot[3] - plot[1]) if horizontal else (plot[2] - plot[0])
     slot = span / max(len(categories), 1)
     bars: list[str] = []
+    boxes: list[Box] = []
     for i, category in enumerate(categories):
         base = 0.0
         for j, s in enumerate(series):
@@ -227,8 +315,9 @@ def bar_chart(categories: Sequence[str], series: Sequence[Series], *, value_axis
             edge = (plot[1] if horizontal else plot[0]) + i * slot + offset
             x, y, w, h = (a, edge, b - a, thick) if horizontal else (edge, b, thick, a - b)
             tip = f"{category}, {s.name}: {number(value)}" if len(series) > 1 else f"{category}: {number(value)}"
-            bars.append(f"<rect x='{x:.1f}' y='{y:.1f}' width='{max(w, 0):.1f}' height='{max(h, 0):.1f}' "
-                        f"fill='{colour(j)}'><title>{html.escape(tip)}</title></rect>")
+            bars.append(f"<rect class='mark' x='{x:.1f}' y='{y:.1f}' width='{max(w, 0):.1f}' "
+                        f"height='{max(h, 0):.1f}' fill='{colour(j)}'><title>{html.escape(tip)}</title></rect>")
+            boxes.append((x, y, x + max(w, 0), y + max(h, 0)))
             if horizontal and (len(series) == 1 or not stacked) and value > 0:  # the value at the end: tiny bars read
                 bars.append(_text(b + 4, y + thick / 2 + 4, number(value), "start", size_px=11))
             base += value
@@ -236,12 +325,7 @@ def bar_chart(categories: Sequence[str], series: Sequence[Series], *, value_axis
         bars.append(_text(plot[0] - 6, label_at + 4, category, "end") if horizontal
                     else _text(label_at, plot[3] + 16, category))
     if reference is not None:
-        pos = scale(reference.value)
-        line = (f"<line x1='{pos:.1f}' x2='{pos:.1f}' y1='{plot[1]}' y2='{plot[3]}'" if horizontal
-                else f"<line x1='{plot[0]}' x2='{plot[2]}' y1='{pos:.1f}' y2='{pos:.1f}'")
-        bars.append(line + " stroke='#000' stroke-dasharray='6 3' stroke-width='1.5'/>"
-                    + (_text(pos - 4, plot[1] + 12, reference.label, "end") if horizontal
-                       else _text(plot[2] - 4, pos - 5, reference.label, "end")))
+        bars.append(_bar_reference(reference, scale(reference.value), horizontal, _Obstacles(plot, boxes, [], [])))
     height = plot[3] + _BOTTOM_PX
     x_label, y_label = (value_axis.label, category_axis) if horizontal else (category_axis, value_axis.label)
     svg = (_open_svg(height, title, desc) + legend + _grid(scale, not horizontal, plot) + "".join(bars)
@@ -252,14 +336,26 @@ def bar_chart(categories: Sequence[str], series: Sequence[Series], *, value_axis
     return Chart(svg, header, rows, title)
 
 
+def _bar_reference(reference: Marker, pos: float, horizontal: bool, obstacles: _Obstacles) -> str:
+    """The dashed reference line across the bars (HBM) and its label, clear of the bars."""
+    plot = obstacles.plot
+    line = (f"<line x1='{pos:.1f}' x2='{pos:.1f}' y1='{plot[1]}' y2='{plot[3]}'" if horizontal
+            else f"<line x1='{plot[0]}' x2='{plot[2]}' y1='{pos:.1f}' y2='{pos:.1f}'")
+    candidates = _along_vertical(pos, plot) if horizontal else _along_horizontal(pos, plot)
+    return line + " stroke='#000' stroke-dasharray='6 3' stroke-width='1.5'/>" + obstacles.place(reference.label,
+                                                                                                 candidates)
+
+
 def line_chart(series: Sequence[Series], *, x_axis: Axis, y_axis: Axis, title: str, desc: str,
                x_markers: Sequence[Marker] = (), y_markers: Sequence[Marker] = (), y_from_zero: bool = True,
                guides: Sequence[Series] = (), plot_height_px: float = PLOT_HEIGHT_PX,
                y_max: float | None = None) -> Chart:
     """One line (and/or marker set) per series over shared x and y axes, with labelled reference lines;
-    `guides` are grey lines (y = x, a ±25 % band) labelled at their right end, outside the legend."""
+    `guides` are grey lines (y = x, a ±25 % band) labelled beside themselves, outside the legend. Every label is
+    placed clear of the data markers (and, where it can be, of the lines and the other labels)."""
     legend, legend_h = _legend([s.name for s in series], 0, shapes=True)
-    plot = (_LEFT_PX, _TOP_PX + legend_h, WIDTH_PX - _RIGHT_PX, _TOP_PX + legend_h + plot_height_px)
+    plot = (float(_LEFT_PX), float(_TOP_PX + legend_h), float(WIDTH_PX - _RIGHT_PX),
+            float(_TOP_PX + legend_h + plot_height_px))
     xs = [x for s in (*series, *guides) for x, _ in s.points] + [m.value for m in x_markers]
     ys = [y for s in (*series, *guides) for _, y in s.points] + [m.value for m in y_markers]
     x_scale = _Scale(min(xs, default=0.0), max(xs, default=1.0), plot[0], plot[2], x_axis.log_base)
@@ -267,34 +363,50 @@ def line_chart(series: Sequence[Series], *, x_axis: Axis, y_axis: Axis, title: s
     y_high = max(ys, default=1.0) * (1.02 if y_axis.log_base is None else 1.0)
     y_scale = _Scale(y_low, min(y_high, y_max) if y_max is not None else y_high, plot[3], plot[1],
                      y_axis.log_base, from_zero=y_from_zero)
-    drawn: list[str] = []
-    for guide in guides:
-        pixels = [(x_scale(x), y_scale(y)) for x, y in sorted(guide.points)]
-        dash = " stroke-dasharray='5 4'" if guide.dashed else ""
-        drawn.append(f"<path d='M{'L'.join(f'{x:.1f},{y:.1f}' for x, y in pixels)}' fill='none' stroke='#888'"
-                     f" stroke-width='1.2'{dash}/>" + (_text(pixels[-1][0] - 4, pixels[-1][1] + 14, guide.name, "end",
-                                                            "fill='#555'") if guide.name else ""))
-    for index, s in enumerate(series):
-        pixels = [(x_scale(x), y_scale(y)) for x, y in sorted(s.points)]
-        if s.line and len(pixels) > 1:
-            path = "M" + "L".join(f"{x:.1f},{y:.1f}" for x, y in pixels)
-            dash = " stroke-dasharray='5 4'" if s.dashed else ""
-            drawn.append(f"<path d='{path}' fill='none' stroke='{colour(index)}' stroke-width='2'{dash}/>")
-        if s.markers:
-            drawn.extend(_marker(index, x, y) for x, y in pixels)
-    for marker in x_markers:
-        pos = x_scale(marker.value)
-        drawn.append(f"<line x1='{pos:.1f}' x2='{pos:.1f}' y1='{plot[1]}' y2='{plot[3]}' stroke='#555' "
-                     f"stroke-dasharray='3 3'/>" + _text(pos + 4, plot[1] + 12, marker.label, "start"))
-    for marker in y_markers:
-        pos = y_scale(marker.value)
-        drawn.append(f"<line x1='{plot[0]}' x2='{plot[2]}' y1='{pos:.1f}' y2='{pos:.1f}' stroke='#555' "
-                     f"stroke-dasharray='3 3'/>" + _text(plot[2] - 4, pos - 5, marker.label, "end"))
+    guide_px = [[(x_scale(x), y_scale(y)) for x, y in sorted(g.points)] for g in guides]
+    series_px = [[(x_scale(x), y_scale(y)) for x, y in sorted(s.points)] for s in series]
+    x_lines = [[(x_scale(m.value), plot[1]), (x_scale(m.value), plot[3])] for m in x_markers]
+    y_lines = [[(plot[0], y_scale(m.value)), (plot[2], y_scale(m.value))] for m in y_markers]
+    lines = [*guide_px, *(px for s, px in zip(series, series_px, strict=True) if s.line), *x_lines, *y_lines]
+    obstacles = _Obstacles(plot, [_marker_box(x, y) for s, px in zip(series, series_px, strict=True) if s.markers
+                                  for x, y in px], [box for px in lines for box in _line_boxes(px)], [])
+    drawn = [_guide_line(guide, px) for guide, px in zip(guides, guide_px, strict=True)]
+    drawn += [_series_line(index, s, px) for index, (s, px) in enumerate(zip(series, series_px, strict=True))]
+    for marker, line in zip(x_markers, x_lines, strict=True):
+        drawn.append(_reference_line(line) + obstacles.place(marker.label, _along_vertical(line[0][0], plot)))
+    for marker, line in zip(y_markers, y_lines, strict=True):
+        drawn.append(_reference_line(line) + obstacles.place(marker.label, _along_horizontal(line[0][1], plot)))
+    drawn += [obstacles.place(guide.name, _along_line(px), "fill='#555'")
+              for guide, px in zip(guides, guide_px, strict=True) if guide.name and len(px) > 1]
     height = plot[3] + _BOTTOM_PX
     svg = (_open_svg(height, title, desc) + legend + _grid(y_scale, True, plot) + _grid(x_scale, False, plot)
            + "".join(drawn) + _axis_labels(x_axis.label, y_axis.label, plot) + "</svg>")
     rows = tuple((s.name, number(x), number(y)) for s in series for x, y in sorted(s.points))
     return Chart(svg, ("series", x_axis.label, y_axis.label), rows, title)
+
+
+def _path(pixels: Sequence[tuple[float, float]]) -> str:
+    return "M" + "L".join(f"{x:.1f},{y:.1f}" for x, y in pixels)
+
+
+def _guide_line(guide: Series, pixels: Sequence[tuple[float, float]]) -> str:
+    dash = " stroke-dasharray='5 4'" if guide.dashed else ""
+    return f"<path d='{_path(pixels)}' fill='none' stroke='#888' stroke-width='1.2'{dash}/>"
+
+
+def _series_line(index: int, series: Series, pixels: Sequence[tuple[float, float]]) -> str:
+    """A series' line (when it has one and two points) and its data markers."""
+    drawn = ""
+    if series.line and len(pixels) > 1:
+        dash = " stroke-dasharray='5 4'" if series.dashed else ""
+        drawn = f"<path d='{_path(pixels)}' fill='none' stroke='{colour(index)}' stroke-width='2'{dash}/>"
+    return drawn + ("".join(_marker(index, x, y, data=True) for x, y in pixels) if series.markers else "")
+
+
+def _reference_line(line: Sequence[tuple[float, float]]) -> str:
+    (x1, y1), (x2, y2) = line
+    return (f"<line x1='{x1:.1f}' x2='{x2:.1f}' y1='{y1:.1f}' y2='{y2:.1f}' stroke='#555' "
+            "stroke-dasharray='3 3'/>")
 
 
 def figure(chart: Chart, caption: str, figure_id: str) -> str:
@@ -305,4 +417,4 @@ def figure(chart: Chart, caption: str, figure_id: str) -> str:
     svg = chart.svg.replace(_UID, html.escape(figure_id))
     return (f"<figure id='{html.escape(figure_id)}'>{svg}<figcaption>{html.escape(caption)}</figcaption>"
             f"<details><summary>Data behind this chart ({len(chart.rows)} rows)</summary>"
-            f"<table><tr>{head}</tr>{body}</table></details></figure>")
+            f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div></details></figure>")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet.errors import GpufleetError
+from gpufleet.extras import missing_extra
 from gpufleet.runtime.checkpoint.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -105,7 +106,9 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[A
 
     try:
         fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except (ValueError, ImportError) as error:
+    except ImportError as error:  # s3fs (the runtime extra), or a back end no extra installs (gcsfs)
+        raise (missing_extra(error, f"opening {url}") or CheckpointError(f"cannot open {url!r}: {error}")) from error
+    except ValueError as error:
         raise CheckpointError(f"cannot open {url!r}: {error}") from error
     path = str(path)
     return fs, path.rstrip("/") or path  # "/" stays "/"; "s3://" gives "" (no bucket)

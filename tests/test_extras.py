@@ -1,0 +1,161 @@
+"""Optional extras: a command that needs one which is not installed says so in one line, naming the extra and the
+pip command that installs it, and exits 2 (never a traceback); brackets in what the CLI prints stay as written.
+
+The extras are installed in the test environment, so each command runs in a subprocess whose import system refuses
+the extra's modules (a meta-path finder installed before gpufleet is imported), as a base-only install would.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from clirun import ENV_VAR, one_error_line
+from gpufleet.cli.output import OwnMarkupConsole, literal_brackets
+from gpufleet.extras import EXTRA_MODULES, MissingExtraError, missing_extra, require_extra
+
+#: Run gpufleet's entry point with the modules named in argv[1] (comma-separated top-level names) not importable.
+_BLOCKED_RUN = """
+import importlib.abc, sys
+blocked = set(sys.argv[1].split(","))
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocker())
+sys.argv = ["gpufleet", *sys.argv[2:]]
+from gpufleet.cli.main import run
+run()
+"""
+
+
+def _modules_of(extra: str) -> list[str]:
+    return [module for module, (owner, _) in EXTRA_MODULES.items() if owner == extra]
+
+
+def _gpufleet_without(blocked: list[str], *args: str, cwd: Path,
+                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in {ENV_VAR, "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
+    environment.update({"COLUMNS": "160", **(env or {})})
+    return subprocess.run([sys.executable, "-c", _BLOCKED_RUN, ",".join(blocked), *args], capture_output=True,
+                          text=True, env=environment, cwd=cwd, timeout=120, check=False)
+
+
+def _launch_files(folder: Path) -> None:
+    (folder / "ds_config.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1,
+                                                       "gradient_accumulation_steps": 1, "train_batch_size": 8}))
+    (folder / "megatron_args.txt").write_text("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                                              "--micro-batch-size 1 --global-batch-size 16\n")
+    (folder / "titan_job.py").write_text("from torchtitan.config import JobConfig\n\n\n"
+                                         "def gpufleet_job():\n    return JobConfig()\n")
+    (folder / "fsdp.json").write_text(json.dumps({"sharding_strategy": "FULL_SHARD", "use_orig_params": True}))
+    (folder / "ckpt").mkdir()
+
+
+#: (what is run, the extra it needs, the modules refused: None = every module of that extra)
+NEEDS_AN_EXTRA = [
+    (["exporter", "--fake-gpus", "8"], "runtime", ["prometheus_client"]),
+    (["bench", "gemm", "--model", "llama3-8b"], "runtime", None),
+    (["bench", "collectives"], "runtime", None),
+    (["bench", "memory"], "runtime", None),
+    (["ckpt", "list", "ckpt"], "runtime", None),
+    (["ckpt", "verify", "ckpt"], "runtime", None),
+    (["ckpt", "list", "s3://bucket/run7"], "runtime", ["s3fs"]),
+    (["doctor", "--cluster"], "runtime", None),
+    (["burnin", "--steps", "2"], "runtime", None),
+    (["calibrate", "--gpu", "h100-sxm", "--out", "profile.yaml", "--model", "llama3-8b"], "runtime", None),
+    (["plan", "-m", "llama3-8b", "-t", "1T", "-g", "h100-sxm", "-n", "64-128", "--plot", "sweep.png"], "plot", None),
+    (["validate", "--plot", "parity.png"], "plot", None),
+    (["launch", "--check", "ds_config.json", "--gpus", "8"], "launch-check", None),
+    (["launch", "--check", "megatron_args.txt", "--gpus", "8"], "launch-check", None),
+    (["launch", "--check", "titan_job.py", "--gpus", "8"], "launch-check", None),
+    (["launch", "--check", "fsdp.json"], "runtime", None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "extra", "blocked"), NEEDS_AN_EXTRA,
+                         ids=[" ".join(args[:3]) for args, _, _ in NEEDS_AN_EXTRA])
+def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path, args: list[str], extra: str,
+                                               blocked: list[str] | None) -> None:
+    _launch_files(tmp_path)
+    line = one_error_line(_gpufleet_without(blocked or _modules_of(extra), *args, cwd=tmp_path))
+    assert line.startswith("error: ") and "from the " + extra + " extra" in line
+    assert line.endswith(f"pip install 'gpufleet[{extra}]'") or f"pip install 'gpufleet[{extra}]' (" in line
+    assert not (tmp_path / "sweep.png").exists() and not (tmp_path / "profile.yaml").exists()
+
+
+@pytest.mark.slow
+def test_burnin_names_the_extra_before_asking_for_torchrun(tmp_path: Path) -> None:
+    """torchrun comes with torch: telling a base install to start under torchrun would send the user in a circle."""
+    line = one_error_line(_gpufleet_without(_modules_of("runtime"), "burnin", "--steps", "2", cwd=tmp_path))
+    assert "torchrun" not in line and "'gpufleet[runtime]'" in line
+
+
+@pytest.mark.slow
+def test_what_needs_no_extra_still_runs_without_any(tmp_path: Path) -> None:
+    """The guard is where an extra is needed, not at the door: the planner, an HTML plot and the disk bench work on
+    the base install."""
+    every_extra = list(EXTRA_MODULES)
+    plan = _gpufleet_without(every_extra, "plan", "-m", "llama3-8b", "-t", "1T", "-g", "h100-sxm", "-n", "64-128",
+                             "--plot", "sweep.html", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "<table" in (tmp_path / "sweep.html").read_text()
+    (tmp_path / "disk").mkdir()
+    disk = _gpufleet_without(every_extra, "bench", "disk", "disk", "--sizes", "1MiB", "--json", cwd=tmp_path)
+    assert disk.returncode == 0, disk.stderr
+
+
+def test_only_an_extras_own_modules_are_named_as_missing() -> None:
+    """A module no extra provides (a bug, a broken install) is not dressed up as a missing extra."""
+    assert missing_extra(ModuleNotFoundError("No module named 'nosuch'", name="nosuch")) is None
+    found = missing_extra(ModuleNotFoundError("No module named 'megatron.core'", name="megatron.core"), "checking")
+    assert found is not None and (found.extra, found.distribution) == ("launch-check", "megatron-core")
+    assert str(found) == ("checking needs megatron-core, from the launch-check extra, which is not installed: "
+                          "pip install 'gpufleet[launch-check]'")
+
+
+def test_require_extra_raises_a_gpufleet_error_that_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ModuleNotFoundError
+    with pytest.raises(MissingExtraError, match=r"--plot a\.png needs matplotlib, from the plot extra.*"
+                                                r"'gpufleet\[plot\]' \(or write FILE\.html"):
+        require_extra("matplotlib", "--plot a.png", "or write FILE.html")
+    with pytest.raises(ImportError):
+        require_extra("matplotlib", "--plot a.png")
+
+
+def _printed(text: str) -> str:
+    console = OwnMarkupConsole(file=io.StringIO(), width=200, highlight=False)
+    console.print(text)
+    assert isinstance(console.file, io.StringIO)
+    return console.file.getvalue().rstrip("\n")
+
+
+def test_the_cli_prints_brackets_in_user_text_as_written() -> None:
+    """Plain Rich reads `[launch-check]` as a style and prints `pip install 'gpufleet'`."""
+    plain = Console(file=io.StringIO(), width=200)
+    plain.print("pip install 'gpufleet[launch-check]'")
+    assert isinstance(plain.file, io.StringIO) and "[launch-check]" not in plain.file.getvalue()
+    assert _printed("note: pip install 'gpufleet[launch-check]'") == "note: pip install 'gpufleet[launch-check]'"
+    assert _printed("run[1].log [bold-ish] [link=https://x]") == "run[1].log [bold-ish] [link=https://x]"
+    assert _printed(r"C:\logs\[x]") == r"C:\logs\[x]"
+    assert _printed("[red]problem:[/red] in [runtime]") == "problem: in [runtime]"  # gpufleet's own style tags
+    assert literal_brackets("[green]ok[/green]") == "[green]ok[/green]"
+
+
+def test_a_warning_prints_its_brackets(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpufleet.cli.output import Output
+
+    Output().warn("install it with pip install 'gpufleet[plot]'")
+    assert capsys.readouterr().err.strip() == "warning: install it with pip install 'gpufleet[plot]'"
