@@ -11,8 +11,9 @@ from typing import Any
 
 import yaml
 
-from gpufleet.runtime.burnin.config import MODEL_ID, ModelShape
+from gpufleet.runtime.burnin.config import MODEL_ID
 from gpufleet.runtime.gpucheck import proc
+from gpufleet.runtime.gpucheck.burnin_check import DRY_RUN
 from gpufleet.runtime.gpucheck.machine import Context
 from gpufleet.runtime.gpucheck.results import Outcome, Status
 
@@ -22,9 +23,9 @@ GPU_MODEL, GPU_TOKENS, GPU_COPY = "llama3-8b", 4096, "2GiB"
 #: device-to-device copy 80-90 % of HBM; well below that is a sick GPU, a clock cap or a wrong peak in the catalog).
 GEMM_FLOOR = {"bf16": 0.5, "fp8": 0.4}
 HBM_FLOOR = 0.7
-#: The dry path's shapes: the burn-in model the loop step trains (tests/runtime/test_burnin.py's).
-DRY_SHAPE = ModelShape(layers=2, hidden=384, heads=6, ffn_hidden=1536, vocab=1024, seq_len=128)
-DRY_TOKENS = 512
+#: The dry path's shapes: the burn-in model its loop step trains, at its tokens per step.
+DRY_SHAPE = DRY_RUN.shape
+DRY_TOKENS = DRY_RUN.micro_batch * DRY_RUN.shape.seq_len
 
 
 def tiny_catalog(ctx: Context) -> Path:

@@ -16,10 +16,11 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufleet.runtime.burnin.config import ModelShape
 from gpufleet.runtime.gpucheck import proc
 from gpufleet.runtime.gpucheck.machine import Context
 from gpufleet.runtime.gpucheck.results import Outcome
@@ -28,20 +29,25 @@ from gpufleet.runtime.gpucheck.results import Outcome
 @dataclass(frozen=True)
 class BurninRun:
     """A burn-in size and length: the GPU's steps take tens of milliseconds with GEMMs of width 2048
-    (docs/burnin.md: size a GPU run so); the dry path's is tests/runtime/test_burnin.py's CPU model."""
+    (docs/burnin.md: size a GPU run so); the dry path's is small enough for a busy CPU core."""
 
-    shape: tuple[str, ...]
+    shape: ModelShape
+    micro_batch: int
     steps: int
     rounds: int
     clock: str
     kill_steps: int
     checkpoint_every: int = 3
 
+    def flags(self) -> tuple[str, ...]:
+        sizes = {**asdict(self.shape), "micro_batch": self.micro_batch}
+        return tuple(item for name, value in sizes.items() for item in (f"--{name.replace('_', '-')}", str(value)))
 
-GPU_RUN = BurninRun(("--layers", "4", "--hidden", "2048", "--heads", "16", "--ffn-hidden", "8192", "--vocab", "16384",
-                     "--seq-len", "1024", "--micro-batch", "4"), steps=40, rounds=8, clock="wall", kill_steps=12)
-DRY_RUN = BurninRun(("--layers", "2", "--hidden", "384", "--heads", "6", "--ffn-hidden", "1536", "--vocab", "1024",
-                     "--seq-len", "128", "--micro-batch", "4"), steps=16, rounds=4, clock="cpu", kill_steps=9)
+
+GPU_RUN = BurninRun(ModelShape(layers=4, hidden=2048, heads=16, ffn_hidden=8192, vocab=16384, seq_len=1024),
+                    micro_batch=4, steps=40, rounds=8, clock="wall", kill_steps=12)
+DRY_RUN = BurninRun(ModelShape(layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=1024, seq_len=128),
+                    micro_batch=2, steps=16, rounds=4, clock="cpu", kill_steps=9)
 #: plan/burn-in inside this band passes on the GPU (20 % either way, as the CI loop test holds for 2 gloo ranks); the
 #: dry path reports the ratio without holding it (one busy CPU rank, fewer steps and rounds than that test's)
 RATIO_BAND = (1 / 1.2, 1.2)
@@ -62,7 +68,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 def loop_dense_step(ctx: Context) -> Outcome:
     run, work = _run(ctx), ctx.work("loop-dense")
     args = proc.torchrun(1, "burnin", "--steps", str(run.steps), "--checkpoint-every", str(run.steps),
-                         "--checkpoint-dir", str(work / "ckpt"), "--log-file", str(work / "log.jsonl"), *run.shape,
+                         "--checkpoint-dir", str(work / "ckpt"), "--log-file", str(work / "log.jsonl"), *run.flags(),
                          *_backend(ctx), "--measure-host", str(work / "host.yaml"), "--measure-rounds",
                          str(run.rounds), "--measure-clock", run.clock, "--json")
     done = proc.run(args, work, ctx.env, ctx.left_s(), "burnin")
@@ -110,7 +116,7 @@ def kill_resume_step(ctx: Context) -> Outcome:
     run, work = _run(ctx), ctx.work("burnin-kill-resume")
     log, latest = work / "log.jsonl", work / "ckpt" / "latest"
     args = proc.torchrun(1, "burnin", "--steps", str(run.kill_steps), "--checkpoint-every", str(run.checkpoint_every),
-                         "--checkpoint-dir", str(work / "ckpt"), "--log-file", str(log), *run.shape, *_backend(ctx),
+                         "--checkpoint-dir", str(work / "ckpt"), "--log-file", str(log), *run.flags(), *_backend(ctx),
                          max_restarts=1)
     running = proc.start(args, work, ctx.env, "burnin")
     killed_at = _kill_once(ctx, running, log, latest, run)

@@ -34,9 +34,9 @@ def calibrate_step(ctx: Context) -> Outcome:
     fields = {name: {"built_in": data["built_in"].get(name), "measured": data["profile"].get(name)}
               for name in PROFILE_FIELDS if data["profile"].get(name) is not None}
     moved = [name for name, pair in fields.items() if pair["built_in"] != pair["measured"]]
+    numbers = {"profile": str(profile), "from": [f"{path.parent.name}/{path.name}" for path in sources], **fields}
     return Outcome("pass", f"profile for {ctx.gpu} from {len(sources)} bench outputs; fields that moved: "
-                   + (", ".join(moved) or "none"), {"profile": str(profile), "from": [p.name for p in sources],
-                                                     **fields})
+                   + (", ".join(moved) or "none"), numbers)
 
 
 def _plan(ctx: Context, model: str, tokens: str, calibration: Path | None, work: Path) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, Mapping):
         return "; ".join(f"{key} {_cell(item)}" for key, item in value.items())
     if isinstance(value, list | tuple):
-        return ", ".join(_cell(item) for item in value)
+        return ", ".join(_cell(item) for item in value) if value else "none"
     return "-" if value is None else str(value).replace("|", "/").replace("\n", " ")
 
 
@@ -79,8 +79,17 @@ def report_markdown(report: Report) -> str:
     lines += [f"| {step.name} | {step.status} | {step.seconds:.1f} | {_cell(step.reason)} |" for step in report.steps]
     for step in report.steps:
         lines += ["", f"## {step.name}: {step.title}", "", f"**{step.status}**: {step.reason}", ""]
-        lines += [f"- {key}: {_cell(value)}" for key, value in step.numbers.items()]
+        for key, value in step.numbers.items():
+            lines += _bullets(key, value, "")
     return "\n".join(lines) + "\n"
+
+
+def _bullets(key: str, value: Any, indent: str) -> list[str]:
+    """`- key: value`; a mapping that holds mappings opens nested bullets instead (two levels at most)."""
+    if isinstance(value, Mapping) and len(indent) < 4 and any(isinstance(item, Mapping) for item in value.values()):
+        return [f"{indent}- {key}:", *[line for name, item in value.items() for line in _bullets(name, item,
+                                                                                                  indent + "  ")]]
+    return [f"{indent}- {key}: {_cell(value)}"]
 
 
 def write_report(report: Report, out: Path) -> tuple[Path, Path]:
