@@ -231,3 +231,24 @@ def test_one_rank_host_catalog_loads(tmp_path: Path) -> None:
     assert catalog.check() == []
     assert catalog.gpu(HOST_GPU_ID).scale_up.bytes_per_s_per_direction == pytest.approx(3e9)
     assert catalog.calibration(HOST_GPU_ID).collectives == ()
+
+
+def test_detect_reads_nvidia_smi_and_asks_torch_about_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver whose nvidia-smi lists an H200, with this CPU-only torch: the GPU is named and given its catalog id,
+    and the check still takes the dry path, saying why in the words of its one line."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA: the dry-path reason below would not apply")
+    from gpufleet.runtime.gpucheck.machine import detect
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771, 570.86.15'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    machine = detect(proc.child_env())
+    assert (machine.gpu_name, machine.catalog_gpu, machine.gpu_count, machine.driver) == \
+        ("NVIDIA H200", "h200-sxm", 1, "570.86.15")
+    assert machine.memory_gib == pytest.approx(143771 / 1024)
+    assert not machine.on_gpu and machine.why_no_gpu == "nvidia-smi sees a GPU but this torch has no CUDA"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert detect(proc.child_env()).why_no_gpu == "no nvidia-smi on PATH (no NVIDIA driver)"
