@@ -101,15 +101,11 @@ def _kill_once(ctx: Context, running: proc.Proc, log: Path, latest: Path, run: B
         return latest.exists() and log.exists() and len(read_log(log)) >= run.checkpoint_every + 2
 
     proc.wait_until(ready, running, time.monotonic() + ctx.left_s() * 0.7, "a checkpoint and two more steps")
-    victim = proc.worker_pids(_torchrun_pid(running))
+    victim = proc.worker_pids(running.pid)  # torchrun is the process started; its workers are its children
     if 0 not in victim:
         raise proc.StepFailed("found no worker process of rank 0 to kill")
     os.kill(victim[0], signal.SIGKILL)
     return max(line["step"] for line in read_log(log))
-
-
-def _torchrun_pid(running: proc.Proc) -> int:
-    return running.pid  # torchrun is the process started (python -m torch.distributed.run), the workers its children
 
 
 def kill_resume_step(ctx: Context) -> Outcome:
