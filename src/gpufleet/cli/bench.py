@@ -111,7 +111,7 @@ def gemm_command(
     model: str = typer.Option(..., "--model", "-m", help="Catalog model whose GEMM shapes to run."),
     tokens: int = typer.Option(4096, "--tokens", min=1, help="Tokens per micro-batch (GEMM M: micro-batch × seq)."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree the shapes are sharded by."),
-    dtypes: str = typer.Option("bf16", "--dtype", help="Comma list of bf16, fp16, fp32."),
+    dtypes: str = typer.Option("bf16", "--dtype", help="Comma list of bf16, fp16, fp32, fp8 (fp8: CUDA 8.9+ or CPU)."),
     gpu: str | None = typer.Option(None, "--gpu", help="Catalog GPU id whose peak the FLOP/s are a fraction of."),
     iters: int = typer.Option(10, "--iters", min=1, help="Timed matmuls per shape."),
     warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed matmuls per shape first."),

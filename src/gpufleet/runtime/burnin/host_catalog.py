@@ -106,12 +106,21 @@ def _vendor(cpu: str) -> str:
     return "intel"
 
 
+def _link_bytes_per_s(measured: HostMeasurement) -> float:
+    """The slower of the measured all-gather and reduce-scatter bus bandwidths. One rank moves nothing between ranks
+    (bus bandwidth 0 by nccl-tests' definition): the element-wise bandwidth stands in, a placeholder that a one-rank
+    plan never uses (it has no collective to price) but that keeps the link a positive number, as the catalog needs."""
+    if measured.ranks < 2:
+        return measured.elementwise_bytes_per_s
+    return min(measured.allgather_busbw_bytes_per_s, measured.reduce_scatter_busbw_bytes_per_s)
+
+
 def host_records(measured: HostMeasurement, shape: ModelShape) -> dict[str, list[dict[str, Any]]]:
     """The catalog entries (kind -> records) that describe this host and the burn-in model."""
     measured_on = (f"measured by `gpufleet burnin --measure-host` on {measured.hostname} ({measured.cpu}), "
                    f"{measured.ranks} ranks x {measured.threads_per_rank} threads, {measured.clock} clock, "
                    f"median of {measured.rounds} round(s) between training steps, {measured.date}")
-    link_bytes_per_s = min(measured.allgather_busbw_bytes_per_s, measured.reduce_scatter_busbw_bytes_per_s)
+    link_bytes_per_s = _link_bytes_per_s(measured)
     peak = measured.peak_gemm_flop_per_s
     gpu = {"id": HOST_GPU_ID, "name": f"one rank's share of {measured.hostname}", "vendor": _vendor(measured.cpu),
            "dense_tflops": {"bf16": peak / 1e12},
@@ -120,8 +129,9 @@ def host_records(measured: HostMeasurement, shape: ModelShape) -> dict[str, list
                         "domain_gpus": measured.ranks, "achievable_fraction": 1.0},
            "tdp_w": 1.0, "source": measured_on,
            "note": "bf16 peak = the best GEMM rate measured; hbm_tbps = element-wise kernels' bytes/s; scale-up = the "
-                   "slower of the all-gather and reduce-scatter bus bandwidths; memory = RAM / ranks; tdp_w is a "
-                   "placeholder (not measured: power and cost figures for this host mean nothing)"}
+                   "slower of the all-gather and reduce-scatter bus bandwidths (one rank: a placeholder, the "
+                   "element-wise bandwidth); memory = RAM / ranks; tdp_w is a placeholder (not measured: power and "
+                   "cost figures for this host mean nothing)"}
     node = {"id": HOST_NODE_ID, "name": f"{measured.hostname} as {measured.ranks} ranks", "gpu": HOST_GPU_ID,
             "gpus": measured.ranks, "nics": 1, "nic_gbps": link_bytes_per_s * 8 / 1e9,
             "default_network": HOST_NETWORK_ID, "cpu_ram_gib": measured.ram_bytes / 2**30, "max_power_w": 1.0,
