@@ -45,7 +45,8 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "runtime/test_upload_retry": ("server",),
     "runtime/test_sigkill": ("slow",),
     "runtime/test_damage": ("slow",),
-    "test_gpu_check": ("torchrun", "slow"),
+    "runtime/test_crashpoints": ("slow",),
+    "runtime/test_store_forgets": ("server",),
 }
 
 #: Single tests of otherwise fast modules that take more than a few seconds each (measured with --durations).

@@ -19,8 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _workers import expected_state, flip_bit, same_state  # noqa: E402
-from conftest import S3  # noqa: E402
 
+from conftest import S3  # noqa: E402
 from gpufleet.runtime.checkpoint import CheckpointManager, open_url, verify_checkpoint  # noqa: E402
 from gpufleet.runtime.checkpoint.manager import _local_fs  # noqa: E402
 from gpufleet.runtime.checkpoint.names import step_dirname  # noqa: E402

@@ -22,8 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _workers import expected_state, same_state  # noqa: E402
-from conftest import BUCKET, S3  # noqa: E402
 
+from conftest import BUCKET, S3  # noqa: E402
 from gpufleet.runtime.checkpoint import (  # noqa: E402
     CheckpointError,
     CheckpointManager,

@@ -24,8 +24,8 @@ torch = pytest.importorskip("torch")
 
 from _net import free_port  # noqa: E402
 from _workers import expected_state, same_state  # noqa: E402
-from conftest import S3  # noqa: E402
 
+from conftest import S3  # noqa: E402
 from gpufleet.runtime.checkpoint import (  # noqa: E402
     CheckpointError,
     CheckpointManager,
