@@ -6,7 +6,7 @@ leave-one-source-out (`gpufleet validate --cross-validate`), dense and MoE.
 
 Usage: PYTHONPATH=src .venv/bin/python scripts/dp_scaling_study.py [--sigma S] [--quick] [RUN_FILE ...]
 
-Default run files: the shipped published runs and every tests/data/*_holdout.yaml (the fitting sets, as
+Default run files: the shipped files the fits are fitted on (published_runs.yaml and every *_fitted.yaml, as
 scripts/fit_calibration.py). --quick skips the refit and the cross-validation (series and recorded-fit medians).
 Takes about six minutes in full (three configurations, each refitted and cross-validated).
 """
@@ -24,14 +24,14 @@ from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.dp_scaling import GPU_SPEED_SIGMA
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import CLOSE_ERROR, cross_validate, fit_runs
-from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, fitted_run_paths, load_runs, shipped_runs_path
 from gpufleet.planner.validate import RunPrediction, predict_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_run_files() -> list[Path]:
-    return [shipped_runs_path(), *sorted((ROOT / "tests/data").glob("*_holdout.yaml"))]
+    return fitted_run_paths()
 
 
 def series_key(run: PublishedRun) -> tuple[object, ...]:

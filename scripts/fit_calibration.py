@@ -3,10 +3,10 @@
 
 Usage: PYTHONPATH=src .venv/bin/python scripts/fit_calibration.py [--write] [--cross-validate] [RUN_FILE ...]
 
-Default run files: the shipped published runs and every tests/data/*_holdout.yaml (vTrain's runs need their own
-cluster file and are validated apart). Prints each fit's recorded and refitted value and the runs it is fitted on;
---write stores the refitted values and `chosen_on` lists in fits.yaml; --cross-validate also prints the
-leave-one-source-out error (what `gpufleet validate --cross-validate` prints for the same files).
+Default run files: the shipped files the fits are fitted on (published_runs.yaml and every *_fitted.yaml; vTrain's
+runs need their own cluster file and are validated apart). Prints each fit's recorded and refitted value and the
+runs it is fitted on; --write stores the refitted values and `chosen_on` lists in fits.yaml; --cross-validate also
+prints the leave-one-source-out error (what `gpufleet validate --cross-validate` prints for the same files).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.planner.fit import cross_validate, fit_runs
-from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, fitted_run_paths, load_runs
 from gpufleet.planner.validate import predict_run, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ FITS_FILE = ROOT / "src/gpufleet/catalog/data/fits.yaml"
 
 
 def default_run_files() -> list[Path]:
-    return [shipped_runs_path(), *sorted((ROOT / "tests/data").glob("*_holdout.yaml"))]
+    return fitted_run_paths()
 
 
 def write_fits(values: dict[str, float], chosen_on: dict[str, tuple[str, ...]]) -> None:

@@ -46,14 +46,14 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def _run_files() -> list[tuple[str, Path, list[Path], str | None, dict[str, Any]]]:
     """(label, run file, extra catalogs, node, StepOptions fields) for every run set validate and the tests use."""
-    from gpufleet.planner.published_runs import shipped_runs_path
+    from gpufleet.planner.published_runs import fitted_run_paths, shipped_runs_path
 
     files: list[tuple[str, Path, list[Path], str | None, dict[str, Any]]] = [
         ("published", shipped_runs_path(), [], None, {}),
         ("vtrain", shipped_runs_path("vtrain_runs.yaml"), [DATA / "vtrain_cluster.yaml"], "vtrain-a100-node",
          {"dp_overlap": False}),
     ]
-    files += [(path.stem, path, [], None, {}) for path in sorted(DATA.glob("*_holdout.yaml"))]
+    files += [(path.stem, path, [], None, {}) for path in fitted_run_paths()[1:]]
     return files
 
 

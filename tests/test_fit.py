@@ -13,13 +13,14 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.fits import FitRecord, apply_fits
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.planner.fit import CrossValidation, cross_validate, fit_cases, fit_runs, refit
-from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import PublishedRun, fitted_run_paths, load_runs, shipped_runs_path
 from gpufleet.planner.validate import predict_run
 
 DATA = Path(__file__).parent / "data"
+RUNS = shipped_runs_path().parent
 #: Every run file the recorded fits are fitted on (scripts/fit_calibration.py's default): vTrain's runs need their
 #: own cluster file and are validated apart.
-FIT_FILES = (shipped_runs_path(), *sorted(DATA.glob("*_holdout.yaml")))
+FIT_FILES = tuple(fitted_run_paths())
 
 
 def _fit(field: str, value: float, gpus: tuple[str, ...] | None = None) -> FitRecord:
@@ -106,8 +107,8 @@ def test_leave_one_source_out_error_meets_the_issue_targets(fit_set: list[Publis
 
 @pytest.mark.timeout(300)
 def test_validate_cross_validate_json_and_several_run_files() -> None:
-    done = run_gpufleet("validate", "--runs", str(DATA / "llama3_holdout.yaml"), "--runs",
-                        str(DATA / "nemotron_holdout.yaml"), "--cross-validate", "--json")
+    done = run_gpufleet("validate", "--runs", str(RUNS / "llama3_fitted.yaml"), "--runs",
+                        str(RUNS / "nemotron_fitted.yaml"), "--cross-validate", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert len(data["runs"]) == 4
@@ -115,13 +116,13 @@ def test_validate_cross_validate_json_and_several_run_files() -> None:
     assert set(cv["by_source"]) == {"llama3-meta", "megatron-lm", "nemo"}  # the Nemotron report row names no stack
     assert cv["runs"] == 4 and 0 <= cv["within_10pct"] <= 1 and cv["median_abs_error"] > 0
     assert data["summary"]["memory_rejected"]["runs"] == 0
-    twice = run_gpufleet("validate", "--runs", str(DATA / "llama3_holdout.yaml"), "--runs",
-                         str(DATA / "llama3_holdout.yaml"))
+    twice = run_gpufleet("validate", "--runs", str(RUNS / "llama3_fitted.yaml"), "--runs",
+                         str(RUNS / "llama3_fitted.yaml"))
     assert twice.returncode == 2 and "appears in two run files" in one_error_line(twice)
 
 
 def test_a_run_file_naming_an_unknown_stack_is_one_line_exit_2(tmp_path: Path) -> None:
-    text = (DATA / "llama3_holdout.yaml").read_text(encoding="utf-8").replace("stack: llama3-meta", "stack: meta")
+    text = (RUNS / "llama3_fitted.yaml").read_text(encoding="utf-8").replace("stack: llama3-meta", "stack: meta")
     path = tmp_path / "runs.yaml"
     path.write_text(text, encoding="utf-8")
     done = run_gpufleet("validate", "--runs", str(path))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from clirun import run_gpufleet
+from gpufleet.planner.published_runs import shipped_runs_path
 
 pytestmark = pytest.mark.timeout(300)
 JOB = ("-m", "llama3-8b", "-t", "100B", "-n", "16", "--top", "5")
@@ -73,7 +74,7 @@ def test_a_plan_file_keeps_its_choice_and_refuses_a_second_one(tmp_path: Path) -
 
 def test_validate_takes_the_same_switch_under_both_spellings() -> None:
     """validate's older `--no-dp-overlap` and plan's `--no-overlap-dp` are one switch."""
-    runs = ("validate", "--runs", str(Path(__file__).parent / "data" / "llama3_holdout.yaml"), "--json")
+    runs = ("validate", "--runs", str(shipped_runs_path("llama3_fitted.yaml")), "--json")
     spelled = [run_gpufleet(*runs, flag) for flag in ("--no-dp-overlap", "--no-overlap-dp")]
     assert all(result.returncode == 0 for result in spelled), spelled[0].stderr
     assert json.loads(spelled[0].stdout) == json.loads(spelled[1].stdout)

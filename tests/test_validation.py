@@ -23,6 +23,7 @@ from gpufleet.perf.step import StepOptions
 from gpufleet.planner.published_runs import (
     PublishedRun,
     check_run_stacks,
+    fitted_run_paths,
     load_runs,
     run_calibration,
     run_step_options,
@@ -32,7 +33,7 @@ from gpufleet.planner.ranking import rank_groups, smooth_model_ceiling, spearman
 from gpufleet.planner.validate import ErrorStats, RunPrediction, Summary, predict_run, summarize
 
 DATA = Path(__file__).parent / "data"
-RUN_FILES = (shipped_runs_path(), shipped_runs_path("vtrain_runs.yaml"), *sorted(DATA.glob("*_holdout.yaml")))
+RUN_FILES = (*fitted_run_paths(), shipped_runs_path("vtrain_runs.yaml"))
 
 
 def _options(run: PublishedRun, options: StepOptions | None = None) -> StepOptions:
@@ -186,7 +187,7 @@ def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choos
     assert "sharding" not in prediction.filled and "recompute" in prediction.filled
     dense = predict_run(runs["mcore-h100-weak-70b"], catalog)  # Megatron-Core's README, not Bridge: no recipe
     assert dense.layout is not None and dense.layout.expert_tp is None
-    meta = load_runs(DATA / "llama3_holdout.yaml")[0]
+    meta = load_runs(shipped_runs_path("llama3_fitted.yaml"))[0]
     assert meta.stack is not None and catalog.stack(meta.stack).value("sharding") == "zero2"
     # DeepSeek-V3's report: DualPipe hides the expert all-to-all under another micro-batch's compute, and each token
     # crosses InfiniBand once per destination node (was -50 % with a plain, exposed all-to-all)
@@ -198,11 +199,11 @@ def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choos
     assert abs(predicted.error) <= 0.15
 
 
-def test_regression_guard_megatron_bridge_holdout() -> None:
+def test_regression_guard_megatron_bridge_fitted() -> None:
     # A regression guard: 32 rows of Megatron-Bridge's performance archive that are not in the shipped file, filled
     # by plan's own search (no HBM tolerance). Bounds at the figures measured when written (docs/validation.md).
     catalog = load_catalog()
-    runs = load_runs(DATA / "megatron_bridge_holdout.yaml")
+    runs = load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))
     predictions = {run.id: predict_run(run, catalog) for run in runs}
     assert all(p.status == "ok" for p in predictions.values())
     dense = {run.id: abs(predictions[run.id].error or 0.0) for run in runs if run.model.moe is None}
@@ -231,12 +232,12 @@ def test_regression_guard_megatron_bridge_holdout() -> None:
     assert statistics.median(moe) <= 0.25
 
 
-def test_regression_guard_llama3_405b_holdout() -> None:
+def test_regression_guard_llama3_405b_fitted() -> None:
     # A regression guard: Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100s (430 and 400 TFLOP/s/GPU), not in the
     # shipped file. The run gives tp, pp, dp and the batch; the stack (llama3-meta) gives ZeRO-2-style sharding; plan's
     # search tries at most 4 virtual stages (Meta's are not published), so the bubble is larger than Meta's.
     catalog = load_catalog()
-    for run in load_runs(DATA / "llama3_holdout.yaml"):
+    for run in load_runs(shipped_runs_path("llama3_fitted.yaml")):
         prediction = predict_run(run, catalog)
         assert prediction.layout is not None and prediction.error is not None
         assert prediction.layout.vpp == 4 and prediction.layout.sharding == "zero2"
@@ -335,7 +336,7 @@ def test_a_runs_own_expert_tp_wins_over_its_stacks() -> None:
     # gpufleet's run files may state expert_tp (an extension of RUNS.md): DeepSeek-V3 on 1,024 H100 with the experts
     # split over the TP pair instead of Megatron-Bridge's whole experts moves each rank's whole sequence in the
     # all-to-all, and the prediction says so.
-    runs = {r.id: r for r in load_runs(DATA / "megatron_bridge_holdout.yaml")}
+    runs = {r.id: r for r in load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))}
     run = runs["mbridge-2509-h100-deepseek-v3-1024gpu"]
     catalog = load_catalog()
     split = run.model_copy(update={"layout": run.layout.model_copy(update={"expert_tp": 2})})
@@ -389,7 +390,7 @@ def test_regression_guard_nemotron4_340b() -> None:
     # tp8 pp8 vpp12, 4.77 s). The memory model puts the latter 11 % over 80 GiB without recompute, and at vpp 12 each
     # chunk holds one layer, so block recompute has nothing between none and all: the fill recomputes every layer.
     catalog = load_catalog()
-    predictions = {run.id: predict_run(run, catalog) for run in load_runs(DATA / "nemotron_holdout.yaml")}
+    predictions = {run.id: predict_run(run, catalog) for run in load_runs(shipped_runs_path("nemotron_fitted.yaml"))}
     report = predictions["nemotron4-340b-6144xh100"]
     assert report.error is not None and abs(report.error) <= 0.05
     dgxc = predictions["nemotron4-340b-128xh100-dgxc-2411"]
@@ -397,9 +398,9 @@ def test_regression_guard_nemotron4_340b() -> None:
     assert dgxc.error is not None and abs(dgxc.error) <= 0.20
 
 
-def _holdout_summary(name: str) -> ErrorStats:
+def _fitted_file_summary(name: str) -> ErrorStats:
     """Median and worst |error| over a hold-out file's runs (validate's own summary); every run predicted."""
-    predictions = [predict_run(run, load_catalog()) for run in load_runs(DATA / name)]
+    predictions = [predict_run(run, load_catalog()) for run in load_runs(shipped_runs_path(name))]
     assert all(p.error is not None for p in predictions)
     return summarize(predictions).all
 
@@ -408,7 +409,7 @@ def test_regression_guard_nemo_2412() -> None:
     # Not in the shipped file (in-sample for the recorded fits): NeMo Framework 24.12's FP8 pre-training table on H100
     # for the 8 rows whose models the catalog has. When written: median 7.5 %, worst -18.5 % (Nemotron-4 340B at
     # vpp 12: the memory model wants recompute, and only full is expressible).
-    summary = _holdout_summary("nemo_2412_holdout.yaml")
+    summary = _fitted_file_summary("nemo_2412_fitted.yaml")
     assert summary.runs == 8
     assert summary.median_abs_error <= 0.10
     assert summary.worst_abs_error <= 0.20
@@ -418,7 +419,7 @@ def test_regression_guard_nemo_blackwell() -> None:
     # Not in the shipped file, and one of the two sets the Blackwell GEMM fit is fitted on (in-sample): NeMo's FP8
     # tables for DGX-B200 (25.02 container) and DGX-GB200 (25.04), 12 rows. When written: median 6.8 %, worst 13.7 %
     # (25.02 was early software for B200: Llama 3 8B on 8 B200 ran 26,006 tokens/s/GPU there, 30,624 in 25.11).
-    summary = _holdout_summary("nemo_blackwell_holdout.yaml")
+    summary = _fitted_file_summary("nemo_blackwell_fitted.yaml")
     assert summary.runs == 12
     assert summary.median_abs_error <= 0.12
     assert summary.worst_abs_error <= 0.20
@@ -431,7 +432,7 @@ def test_regression_guard_automodel() -> None:
     # full recompute is 6 GiB over, so it is counted as rejected), Llama 3 70B on 64 +13.7 % (FSDP2 stacks cannot
     # offload activations to CPU memory, so the fill recomputes 36 of 80 layers).
     catalog = load_catalog()
-    runs = load_runs(DATA / "automodel_holdout.yaml")
+    runs = load_runs(shipped_runs_path("automodel_fitted.yaml"))
     errors = {run.id: predict_run(run, catalog).error for run in runs}
     assert all(e is not None for e in errors.values())
     assert abs(errors["automodel-h100-deepseek-v3-1024gpu"] or 0.0) <= 0.15

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
 from gpufleet.catalog.fits import FitRecord, apply_fits
+from gpufleet.catalog.intervals import IntervalRecord
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_error
@@ -36,6 +37,7 @@ KINDS: dict[str, type[Record]] = {
     "calibrations": CalibrationProfile,
     "stacks": StackRecord,
     "fits": FitRecord,
+    "intervals": IntervalRecord,
     **ECONOMICS_KINDS,
 }
 
@@ -226,6 +228,10 @@ class Catalog:
     def fits(self) -> list[FitRecord]:
         """The recorded calibration fits (`fits:`)."""
         return [record for record in self.records("fits").values() if isinstance(record, FitRecord)]
+
+    def interval_table(self, table_id: str = "leave-one-source-out") -> IntervalRecord:
+        """The recorded prediction-interval table (`intervals:`; planner/intervals.py turns it into intervals)."""
+        return self.get("intervals", table_id, IntervalRecord)
 
     def stack(self, name: str) -> StackRecord:
         """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""

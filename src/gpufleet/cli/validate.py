@@ -17,10 +17,24 @@ from gpufleet.planner.model_terms import parse_model_terms
 
 if TYPE_CHECKING:
     from gpufleet.planner.ranking import GroupRanking
+    from gpufleet.planner.validate import RunPrediction
+
+
+SHIPPED = "shipped runs the fits are fitted on"
+VTRAIN_COMMAND = ("gpufleet validate --runs src/gpufleet/catalog/runs/vtrain_runs.yaml --catalog "
+                  "tests/data/vtrain_cluster.yaml --node vtrain-a100-node --no-dp-overlap")
 
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
+
+
+def _predicted(p: RunPrediction) -> str:
+    """`3,560 (3,200–3,900)`: the predicted tokens/s per GPU and its 80 % interval."""
+    if p.predicted_tokens_per_s_per_gpu is None:
+        return "-"
+    text = f"{p.predicted_tokens_per_s_per_gpu:,.0f}"
+    return f"{text} {p.interval.text(',.0f')}" if p.interval is not None else text
 
 
 def _render_cross_validation(console: Console, median: float | None, cv: dict[str, Any]) -> None:
@@ -43,6 +57,28 @@ def _render_cross_validation(console: Console, median: float | None, cv: dict[st
     console.print(table)
     console.print(f"in-sample median |error| {'-' if median is None else f'{median:.1%}'}; "
                   f"leave-one-source-out {cv['median_abs_error']:.1%} (the error to expect on a new stack)")
+    _render_regimes(console, cv["regimes"])
+
+
+def _render_regimes(console: Console, regimes: dict[str, Any]) -> None:
+    """In-sample and leave-one-source-out error next to the 80 % interval's coverage of the runs left out, by
+    regime (each source family's runs get the band built from the other families' residuals only)."""
+    table = Table(title="by regime: in-sample, leave-one-source-out, and the 80 % interval on the runs left out",
+                  title_justify="left")
+    for column in ("regime", "n", "in-sample median |error|", "left-out median |error|", "inside interval",
+                   "median half-width"):
+        table.add_column(column, justify="left" if column == "regime" else "right")
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    for name, row in regimes.items():
+        interval = row["interval"]
+        table.add_row(name, str(row["cross_validated"]["runs"]), share(row["in_sample"]["median_abs_error"]),
+                      share(row["cross_validated"]["median_abs_error"]),
+                      "-" if interval["coverage"] is None else f"{interval['coverage']:.0%} "
+                      f"({interval['inside']}/{interval['runs']})", share(interval["median_half_width"]))
+    console.print(table)
 
 
 def _render_ranking(console: Console, ranking: GroupRanking) -> None:
@@ -67,7 +103,8 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
         runs: list[Path] = typer.Option(None, "--runs", help="A run file (YAML list of runs; schema in "
-                                        "docs/runs.md; repeatable); default: the shipped published runs."),
+                                        "docs/runs.md; repeatable); default: every shipped run file the "
+                                        "calibration fits are fitted on (published_runs.yaml, *_fitted.yaml)."),
         cross_validate: bool = typer.Option(False, "--cross-validate", help="Also refit the recorded calibration "
                                             "fits (catalog fits:) leaving one source (stack family) out at a time, "
                                             "and score each source left out: the error to expect on a new stack "
@@ -93,17 +130,20 @@ def register(app: typer.Typer) -> None:
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
     ) -> None:
-        """Predict each run's tokens/s per GPU and report predicted, target and error.
+        """Predict each run's tokens/s per GPU, with its 80 % interval, and report predicted, target and error.
 
         Null layout fields other than tp/pp/dp are filled by plan's own search (listed); runs that
         cannot be predicted are listed as skipped with the reason, and published layouts the memory
         model rejects are counted. Each run uses its `stack:` (megatron-lm when it names none).
+        Rows are grouped by source family (the cross-validation folds). The interval is the recorded
+        leave-one-source-out band of the run's regime (catalog intervals:, planner/intervals.py).
 
         Examples: gpufleet validate --plot parity.png;
         gpufleet validate --cross-validate --runs a.yaml --runs b.yaml
         """
-        from gpufleet.planner.published_runs import check_run_stacks, load_runs
-        from gpufleet.planner.validate import predict_run, summarize
+        from gpufleet.planner.intervals import IntervalTable
+        from gpufleet.planner.published_runs import check_run_stacks, fitted_run_paths, load_runs
+        from gpufleet.planner.validate import attach_intervals, predict_run, summarize
 
         out = Output(json)
         terms = parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
@@ -120,7 +160,7 @@ def register(app: typer.Typer) -> None:
             check_output_path(html_report, "--html", (".html", ".htm"))
         cat = open_catalog(with_calibration(catalog, calibration))
         loaded = []
-        paths: list[Path | None] = list(runs) if runs else [None]
+        paths: list[Path] = list(runs) if runs else fitted_run_paths()
         for path in paths:
             from_file = load_runs(path)
             check_run_stacks(from_file, cat, path)
@@ -139,6 +179,7 @@ def register(app: typer.Typer) -> None:
         options = terms.apply(StepOptions(dp_overlap=dp_overlap))
         predictions = [predict_run(run, cat, options, node_id=node, fsdp2_copies=terms.fsdp2_copies)
                        for run in loaded]
+        attach_intervals(predictions, IntervalTable.from_record(cat.interval_table()))
         summary = summarize(predictions)
         data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict(),
                                 "options": {"straggler_sigma": terms.straggler_sigma,
@@ -148,7 +189,8 @@ def register(app: typer.Typer) -> None:
         if cross_validate:
             from gpufleet.planner.fit import cross_validate as leave_one_source_out
 
-            data["cross_validated"] = leave_one_source_out(loaded, predictions, cat, options, node).summary(loaded)
+            data["cross_validated"] = leave_one_source_out(loaded, predictions, cat, options, node).summary(
+                loaded, predictions)
         ranking = None
         if rank:
             from gpufleet.planner.ranking import rank_groups
@@ -168,18 +210,21 @@ def register(app: typer.Typer) -> None:
         if html_report is not None and any(p.predicted_tokens_per_s_per_gpu for p in predictions):
             from gpufleet.report.validate_html import write_validate_report
 
-            title = ", ".join(map(str, runs)) if runs else "shipped published runs"
+            title = ", ".join(map(str, runs)) if runs else SHIPPED
             write_validate_report(html_report, loaded, predictions, summary, f"gpufleet validate: {title}")
             data["html"] = str(html_report)
 
         def render(console: Console) -> None:
-            source = f"runs in {', '.join(map(str, runs))}" if runs else "shipped published runs"
-            table = Table(title=f"{source} ({len(predictions)})", title_justify="left")
-            for column in ("run", "quality", "layout", "predicted", "target", "error", "note"):
-                table.add_column(column, justify="right" if column in ("predicted", "target", "error") else "left")
-            for p in predictions:
-                table.add_row(p.id, p.quality, p.layout.short() if p.layout else "-",
-                              f"{p.predicted_tokens_per_s_per_gpu:,.0f}" if p.predicted_tokens_per_s_per_gpu else "-",
+            source = f"runs in {', '.join(map(str, runs))}" if runs else SHIPPED
+            table = Table(title=f"{source} ({len(predictions)}), by source family; tokens/s per GPU, predicted "
+                          "with its 80 % interval", title_justify="left")
+            for column in ("family", "run", "quality", "layout", "regime", "predicted (80 %)", "target", "error",
+                           "note"):
+                table.add_column(column, justify="right" if column in ("predicted (80 %)", "target", "error")
+                                 else "left")
+            for p in sorted(predictions, key=lambda p: p.family or ""):  # stable: file order within a family
+                table.add_row(p.family or "-", p.id, p.quality, p.layout.short() if p.layout else "-",
+                              p.regime.value if p.regime else "-", _predicted(p),
                               f"{p.target_tokens_per_s_per_gpu:,.0f}", _pct(p.error), p.note)
             console.print(table)
             stats = Table(title="median and worst |error| (tokens/s per GPU)", title_justify="left")
@@ -198,6 +243,8 @@ def register(app: typer.Typer) -> None:
                               f"figures above): {', '.join(rejected)}")
             if summary.skipped:
                 console.print(f"skipped: {', '.join(summary.skipped)}")
+            if not runs:
+                console.print(f"vTrain's runs (A100, their own cluster) are validated apart: {VTRAIN_COMMAND}")
             if cross_validate:
                 _render_cross_validation(console, summary.all.median_abs_error, data["cross_validated"])
             if ranking is not None:

@@ -25,6 +25,7 @@ from gpufleet.catalog.registry import Catalog
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.planner.intervals import LEAVES, Regime, Residual, coverage, members
 from gpufleet.planner.published_runs import (
     PublishedRun,
     run_calibration,
@@ -148,16 +149,34 @@ class CrossValidation:
     predictions: dict[str, list[RunPrediction]] = field(default_factory=dict)  # by source
     values: dict[str, dict[str, float]] = field(default_factory=dict)  # fitted without that source
 
-    def summary(self, runs: Sequence[PublishedRun]) -> dict[str, Any]:
-        """`{"median_abs_error", "within_10pct", "runs", "dense", "moe", "by_source": {...}}`."""
+    def residuals(self) -> list[Residual]:
+        """Each predicted run's out-of-sample residual log(predicted / measured), with its fold and regime."""
+        return [Residual(p.id, source, p.regime, math.log1p(p.error))
+                for source, rows in sorted(self.predictions.items())
+                for p in rows if p.error is not None and p.regime is not None]
+
+    def summary(self, runs: Sequence[PublishedRun], in_sample: Sequence[RunPrediction] = ()) -> dict[str, Any]:
+        """`{"median_abs_error", "within_10pct", "runs", "dense", "moe", "by_source": {...}, "regimes": {...}}`;
+        `regimes` holds, per interval regime (planner/intervals.py) and overall, the in-sample and
+        leave-one-source-out median |error| and the nested leave-one-source-out coverage of the 80 % interval and its
+        median half-width (`intervals.coverage`)."""
         moe = {run.id for run in runs if run.model.moe is not None}
         pooled = [p for rows in self.predictions.values() for p in rows if p.error is not None]
+        covered = coverage(self.residuals())
+        regimes: dict[str, Any] = {}
+        for regime in (*LEAVES, Regime.DENSE, Regime.ALL):
+            leaves = members(regime)
+            regimes[regime.value] = {
+                "in_sample": _stats([p for p in in_sample if p.error is not None and p.regime in leaves]),
+                "cross_validated": _stats([p for p in pooled if p.regime in leaves]),
+                "interval": covered[regime.value].as_dict()}
         return {**_stats(pooled),
                 "dense": _stats([p for p in pooled if p.id not in moe]),
                 "moe": _stats([p for p in pooled if p.id in moe]),
                 "by_source": {source: {**_stats([p for p in rows if p.error is not None]),
                                        "fitted": self.values[source]}
-                              for source, rows in sorted(self.predictions.items())}}
+                              for source, rows in sorted(self.predictions.items())},
+                "regimes": regimes}
 
 
 def _stats(rows: Sequence[RunPrediction]) -> dict[str, Any]:

@@ -122,6 +122,18 @@ def shipped_runs_path(name: str = "published_runs.yaml") -> Path:
     return Path(str(resources.files("gpufleet.catalog") / "runs" / name))
 
 
+#: The shipped run files the recorded calibration fits (catalog/data/fits.yaml) are fitted on: published_runs.yaml
+#: and every `*_fitted.yaml`; `validate` with no `--runs` scores them all. vtrain_runs.yaml is in no fit and needs its
+#: own cluster file (docs/validation.md), so it is validated apart.
+FITTED_SUFFIX = "_fitted.yaml"
+
+
+def fitted_run_paths() -> list[Path]:
+    """The shipped run files the recorded fits are fitted on: published_runs.yaml, then every `*_fitted.yaml`."""
+    folder = shipped_runs_path().parent
+    return [shipped_runs_path(), *sorted(folder.glob(f"*{FITTED_SUFFIX}"))]
+
+
 def load_runs(path: Path | None = None) -> list[PublishedRun]:
     """Validate a run file (default: the shipped published runs); one-line CatalogError on bad input."""
     path = path or shipped_runs_path()

@@ -14,9 +14,11 @@ from gpufleet.errors import GpufleetError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
+from gpufleet.planner.intervals import Interval, IntervalTable, Regime, classify_regime
 from gpufleet.planner.published_runs import (
     PublishedRun,
     pinned_layout_problem,
+    resolve_run_model,
     run_calibration,
     run_cluster,
     run_job,
@@ -51,6 +53,9 @@ class RunPrediction:
     memory_rejected: bool = False
     eager: bool = False  # priced with eager PyTorch's unfused element-wise kernels (the run says it ran eager)
     published_mfu: float | None = None  # the MFU the run file states (measured.mfu), in its source's FLOP count
+    family: str | None = None  # the run's source family (its stack's family, else the stack id): its fold
+    regime: Regime | None = None  # planner/intervals.py's regime of the predicted layout
+    interval: Interval | None = None  # 80 % interval of the predicted tokens/s per GPU (`attach_intervals`)
 
     @property
     def predicted_mfu(self) -> float | None:
@@ -110,10 +115,32 @@ class RunPrediction:
             "measured_mfu_source": self.measured_mfu[1],  # "run file" (its FLOP count) or "derived" (gpufleet's)
             "measured_mfu_derived": self.derived_mfu,
             "predicted_mfu": self.predicted_mfu,
+            "family": self.family,
+            "regime": self.regime.value if self.regime is not None else None,
+            "interval": self.interval.as_json() if self.interval is not None else None,
         }
 
 
 def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
+                node_id: str | None = None, fitted: Mapping[str, float] | None = None,
+                fsdp2_copies: bool | None = None) -> RunPrediction:
+    """`_predict_run`, with the regime of the layout it predicted (planner/intervals.py)."""
+    result = _predict_run(run, catalog, options, node_id, fitted, fsdp2_copies)
+    if result.layout is not None and result.predicted_tokens_per_s_per_gpu is not None:
+        precision = run.precision or "bf16"  # run_job's default
+        result.regime = classify_regime(resolve_run_model(run, catalog), result.layout, precision,
+                                        run.hardware.num_gpus)
+    return result
+
+
+def attach_intervals(predictions: list[RunPrediction], table: IntervalTable) -> None:
+    """Give each predicted run the 80 % interval of its predicted tokens/s per GPU from `table`."""
+    for prediction in predictions:
+        if prediction.regime is not None and prediction.predicted_tokens_per_s_per_gpu is not None:
+            prediction.interval = table.around(prediction.predicted_tokens_per_s_per_gpu, prediction.regime)
+
+
+def _predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None,
                 node_id: str | None = None, fitted: Mapping[str, float] | None = None,
                 fsdp2_copies: bool | None = None) -> RunPrediction:
     """Predict one run with its own layout; nulls other than tp/pp/dp are filled by plan's own search (its space,
@@ -134,7 +161,7 @@ def predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | None
         job = run_job(run, run.global_batch, catalog)
         calibration = run_calibration(run, catalog, cluster.gpu.id, fitted)
         stack, result.stack_defaulted = run_stack(run, catalog)
-        result.stack = stack.id
+        result.stack, result.family = stack.id, stack.fold
         options = run_step_options(run, catalog, options)
         if fsdp2_copies is not None:
             options = replace(options, fsdp2_copies=fsdp2_copies)
