@@ -13,22 +13,26 @@ from pathlib import Path
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import cross_validate
-from gpufleet.planner.published_runs import load_runs, shipped_runs_path
+from gpufleet.planner.published_runs import fitted_run_paths, load_runs, shipped_runs_path
 from gpufleet.planner.ranking import group_key, rank_groups
 from gpufleet.planner.validate import RunPrediction, Summary, predict_run, summarize
 from gpufleet.report.plots import write_parity_plot
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Published runs that are not in the shipped file, each checked by a test in tests/test_validation.py; fitting sets
-#: of the recorded calibration fits like the shipped file (scripts/fit_calibration.py).
-HOLDOUTS = (
-    ("megatron_bridge_holdout.yaml", "Megatron-Bridge performance archive (H100, B200, GB200; dense and MoE)"),
-    ("llama3_holdout.yaml", "Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100"),
-    ("nemotron_holdout.yaml", "Nemotron-4 340B: its report's 6,144-H100 stage and NVIDIA's DGXC benchmark"),
-    ("nemo_2412_holdout.yaml", "NeMo Framework 24.12, FP8 on H100"),
-    ("nemo_blackwell_holdout.yaml", "NeMo 25.02 on DGX-B200 and 25.04 on DGX-GB200, FP8"),
-    ("automodel_holdout.yaml", "NeMo AutoModel (PyTorch FSDP2 + DeepEP), BF16 on H100"),
+#: Shipped run files beside published_runs.yaml, each checked by a test in tests/test_validation.py; fitting sets of
+#: the recorded calibration fits like published_runs.yaml (scripts/fit_calibration.py), hence `_fitted` in the name.
+FITTED_FILES = (
+    ("megatron_bridge_fitted.yaml", "Megatron-Bridge performance archive (H100, B200, GB200; dense and MoE)"),
+    ("llama3_fitted.yaml", "Meta's Llama 3 405B at 8K on 8,192 and 16,384 H100"),
+    ("nemotron_fitted.yaml", "Nemotron-4 340B: its report's 6,144-H100 stage and NVIDIA's DGXC benchmark"),
+    ("nemo_2412_fitted.yaml", "NeMo Framework 24.12, FP8 on H100"),
+    ("nemo_blackwell_fitted.yaml", "NeMo 25.02 on DGX-B200 and 25.04 on DGX-GB200, FP8"),
+    ("automodel_fitted.yaml", "NeMo AutoModel (PyTorch FSDP2 + DeepEP), BF16 on H100"),
 )
+#: Header of the by-regime table; tests/test_docs_validation.py finds the table by it and checks every figure
+#: against `gpufleet validate --cross-validate --json`.
+REGIME_HEADER = ("| regime | runs | in-sample median abs error | leave-one-source-out median abs error | "
+                 "inside the 80 % interval (left out) | median half-width of the interval |")
 
 
 def pct(value: float | None) -> str:
@@ -56,12 +60,12 @@ def run_table(predictions: list[RunPrediction]) -> list[str]:
     return lines
 
 
-def holdout_sections(catalog: Catalog) -> list[str]:
-    """A summary row per hold-out file, then each file's runs."""
+def fitted_file_sections(catalog: Catalog) -> list[str]:
+    """A summary row per fitted run file beside published_runs.yaml, then each file's runs."""
     lines = ["| set | runs | median abs error | worst abs error | memory model rejects |", "|---|---|---|---|---|"]
     tables: list[str] = []
-    for name, title in HOLDOUTS:
-        predictions = [predict_run(run, catalog) for run in load_runs(ROOT / "tests" / "data" / name)]
+    for name, title in FITTED_FILES:
+        predictions = [predict_run(run, catalog) for run in load_runs(shipped_runs_path(name))]
         summary = summarize(predictions)
         stats = summary.all
         lines.append(f"| {title} (`{name}`) | {stats.runs} | {stats.median_abs_error or 0:.1%} | "
@@ -70,17 +74,17 @@ def holdout_sections(catalog: Catalog) -> list[str]:
     return [*lines, "", *tables]
 
 
-def fit_sections(catalog: Catalog) -> list[str]:
-    """The recorded fits, then the leave-one-source-out table over every fitting file, next to in-sample."""
+def fit_sections(catalog: Catalog) -> tuple[list[str], dict]:
+    """The recorded fits, then the leave-one-source-out table over every fitting file, next to in-sample; and the
+    cross-validation summary (what `gpufleet validate --cross-validate --json` prints as `cross_validated`)."""
     lines = ["| fit | sets | value | fitted on | before it was a recorded fit |", "|---|---|---|---|---|"]
     for fit in catalog.fits():
         gpus = ", ".join(fit.gpus) if fit.gpus else "every GPU"
         lines.append(f"| `{fit.id}` | `{fit.field}` ({gpus}) | {fit.value:g} | {len(fit.chosen_on)} runs | "
                      f"{fit.prior or '–'} |")
-    runs = [run for path in (shipped_runs_path(), *(ROOT / "tests" / "data" / name for name, _ in HOLDOUTS))
-            for run in load_runs(path)]
+    runs = [run for path in fitted_run_paths() for run in load_runs(path)]
     in_sample = [predict_run(run, catalog) for run in runs]
-    summary = cross_validate(runs, in_sample, catalog).summary(runs)
+    summary = cross_validate(runs, in_sample, catalog).summary(runs, in_sample)
     moe = {run.id for run in runs if run.model.moe is not None}
 
     def median(rows: list[RunPrediction]) -> str:
@@ -103,6 +107,23 @@ def fit_sections(catalog: Catalog) -> list[str]:
                                ("MoE", summary["moe"], [p for p in in_sample if p.id in moe]),
                                ("**all**", summary, in_sample)):
         lines.append(f"| {label} | {stats['runs']} | {median(rows)} | {loso(stats)} | {stats['within_10pct']:.0%} |")
+    return lines, summary
+
+
+def share(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}%}"
+
+
+def regime_section(summary: dict) -> list[str]:
+    """In-sample, leave-one-source-out and the interval's coverage of the runs left out, by regime."""
+    lines = [REGIME_HEADER, "|---|---|---|---|---|---|"]
+    for name, row in summary["regimes"].items():
+        interval = row["interval"]
+        inside = "–" if interval["coverage"] is None else (f"{share(interval['coverage'], 0)} "
+                                                           f"({interval['inside']}/{interval['runs']})")
+        lines.append(f"| {name} | {row['cross_validated']['runs']} | {share(row['in_sample']['median_abs_error'])} | "
+                     f"{share(row['cross_validated']['median_abs_error'])} | {inside} | "
+                     f"{share(interval['median_half_width'])} |")
     return lines
 
 
@@ -120,6 +141,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     catalog = load_catalog()
+    fits, summary = fit_sections(catalog)
     published = [predict_run(run, catalog) for run in load_runs()]
     published_summary = summarize(published)
 
@@ -141,20 +163,41 @@ def main() -> None:
         "Four constants were chosen by looking at measured runs. They are recorded fits",
         "(`src/gpufleet/catalog/data/fits.yaml`, each with the runs it is fitted on), refitted from the run",
         "files by `scripts/fit_calibration.py`: a grid search of the mean |log error| over the runs each fit",
-        "applies to, repeated with every run re-searched until the values stop changing. The shipped file and",
-        "every `tests/data/*_holdout.yaml` are fitting sets, so their own figures below are **in-sample**. The",
+        "applies to, repeated with every run re-searched until the values stop changing. `published_runs.yaml`",
+        "and every `*_fitted.yaml` in `src/gpufleet/catalog/runs/` are fitting sets (`gpufleet validate` with no",
+        "`--runs` scores them all), so their own figures below are **in-sample**. The",
         "out-of-sample figure is leave-one-source-out (`gpufleet validate --cross-validate`): each stack family",
         "is predicted with the fits refitted on all the others.",
         "",
-        *fit_sections(catalog),
+        *fits,
         "",
-        "Reproduce: `PYTHONPATH=src python scripts/fit_calibration.py --cross-validate` (or `gpufleet validate",
-        "--cross-validate` with `--runs` given once per file). Before issue 21 the stacks were chosen by words in",
-        "each run's `source` (and a citation-year rule), `validate` filled layouts from a wider space than",
-        "`plan` with a 3.6 % HBM tolerance, and the four constants were set by hand: the shipped median was",
-        "4.9 %, the Llama 3 405B file 1.6 % and no out-of-sample figure existed.",
+        "Reproduce: `gpufleet validate --cross-validate` (every fitted file; `--json`: `cross_validated.by_source`,",
+        "and each run's `family` and `error` for the in-sample column; tests/test_docs_validation.py checks this",
+        "table against it) or `PYTHONPATH=src python scripts/fit_calibration.py --cross-validate`. Before issue",
+        "21 the stacks were chosen by words in each run's `source` (and a citation-year rule), `validate` filled",
+        "layouts from a wider space than `plan` with a 3.6 % HBM tolerance, and the four constants were set by",
+        "hand: the shipped median was 4.9 %, the Llama 3 405B file 1.6 % and no out-of-sample figure existed.",
         "",
-        "## Published runs (`gpufleet validate`)",
+        "## By regime: in-sample, leave-one-source-out and interval coverage",
+        "",
+        "Every prediction carries an 80 % interval (planner/intervals.py): the split-conformal quantile of the",
+        "leave-one-source-out |log(predicted / measured)| of its regime (MoE; else FP8; else tensor or pipeline",
+        "parallel over more than one 8-GPU node; else data parallel / FSDP), recorded with the residuals it",
+        "comes from in `src/gpufleet/catalog/data/intervals.yaml` (`scripts/build_intervals.py --write`). A",
+        "regime with fewer than 10 residuals borrows its parent's band and says so. The coverage below is",
+        "nested: each source family's runs are judged by the band built from the other families' residuals",
+        "only, so it is the share of a new source's runs to expect inside. Half-width: (high − low) / 2 over",
+        "the prediction. The rows `dense` and `all` pool the leaves.",
+        "",
+        "Command: `gpufleet validate --cross-validate --json` (`cross_validated.regimes`); the text form prints",
+        "the same table. tests/test_docs_validation.py compares every figure here with that output.",
+        "",
+        *regime_section(summary),
+        "",
+        "Issue 32 targets (leave-one-source-out, all runs): median ≤ 6 %, MoE ≤ 15 %, coverage ≥ 75 % with",
+        "a median half-width ≤ 15 %.",
+        "",
+        "## published_runs.yaml (`gpufleet validate --runs src/gpufleet/catalog/runs/published_runs.yaml`)",
         "",
         *summary_table(published_summary),
         "",
@@ -174,12 +217,13 @@ def main() -> None:
         "",
         *run_table(published),
         "",
-        "## Run files outside the package (`gpufleet validate --runs tests/data/FILE`)",
+        "## The other fitted run files (`gpufleet validate --runs src/gpufleet/catalog/runs/FILE`)",
         "",
-        "Published runs that are not in the shipped file. They are fitting sets of the recorded fits too, so",
-        "these figures are in-sample; their out-of-sample figures are the leave-one-source-out table above.",
+        "Published runs beside `published_runs.yaml`. They are fitting sets of the recorded fits too (hence",
+        "`_fitted` in their names), so these figures are in-sample; their out-of-sample figures are the",
+        "leave-one-source-out tables above.",
         "",
-        *holdout_sections(catalog),
+        *fitted_file_sections(catalog),
         "## Layout ranking on vTrain's 109 A100 runs (`gpufleet validate --rank`)",
         "",
         "Cluster described by `tests/data/vtrain_cluster.yaml` (a user node: NVLink3 at the 0.70 of line",

@@ -61,6 +61,8 @@ SLOW_TESTS = frozenset({
     "test_sites.py::test_the_seeds_two_clusters_end_to_end",
     "test_sites.py::test_the_best_plan_over_two_sites_never_gets_faster_on_a_worse_link",
     "test_sites.py::test_the_table_says_the_plan_is_over_sites",
+    "test_intervals.py::test_regression_guard_interval_table_rebuilds_to_the_recorded_numbers",
+    "test_docs_validation.py::test_the_docs_regime_and_source_tables_are_what_validate_cross_validate_prints",
 })
 
 

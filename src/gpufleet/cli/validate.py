@@ -186,6 +186,8 @@ def register(app: typer.Typer) -> None:
                                             "straggler_scope": terms.straggler_scope,
                                             "overlap_slowdown": terms.overlap_slowdown,
                                             "fsdp2_copies": terms.fsdp2_copies}}
+        if not runs:  # vTrain's runs are in no fit and need their own cluster file
+            data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
         if cross_validate:
             from gpufleet.planner.fit import cross_validate as leave_one_source_out
 

@@ -25,7 +25,7 @@ from gpufleet.catalog.registry import Catalog
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step
-from gpufleet.planner.intervals import LEAVES, Regime, Residual, coverage, members
+from gpufleet.planner.intervals import LEAVES, Regime, Residual, coverage, members, recorded_residual
 from gpufleet.planner.published_runs import (
     PublishedRun,
     run_calibration,
@@ -156,13 +156,14 @@ class CrossValidation:
                 for p in rows if p.error is not None and p.regime is not None]
 
     def summary(self, runs: Sequence[PublishedRun], in_sample: Sequence[RunPrediction] = ()) -> dict[str, Any]:
-        """`{"median_abs_error", "within_10pct", "runs", "dense", "moe", "by_source": {...}, "regimes": {...}}`;
+        """`{"median_abs_error", "within_10pct", "runs", "dense", "moe", "by_source", "regimes", "residuals"}`;
         `regimes` holds, per interval regime (planner/intervals.py) and overall, the in-sample and
         leave-one-source-out median |error| and the nested leave-one-source-out coverage of the 80 % interval and its
-        median half-width (`intervals.coverage`)."""
+        median half-width (`intervals.coverage`); `residuals` each left-out run's {id, family, regime, log_error}."""
         moe = {run.id for run in runs if run.model.moe is not None}
         pooled = [p for rows in self.predictions.values() for p in rows if p.error is not None]
-        covered = coverage(self.residuals())
+        residuals = self.residuals()
+        covered = coverage(residuals)
         regimes: dict[str, Any] = {}
         for regime in (*LEAVES, Regime.DENSE, Regime.ALL):
             leaves = members(regime)
@@ -176,7 +177,8 @@ class CrossValidation:
                 "by_source": {source: {**_stats([p for p in rows if p.error is not None]),
                                        "fitted": self.values[source]}
                               for source, rows in sorted(self.predictions.items())},
-                "regimes": regimes}
+                "regimes": regimes,
+                "residuals": [recorded_residual(r).model_dump() for r in residuals]}
 
 
 def _stats(rows: Sequence[RunPrediction]) -> dict[str, Any]:
