@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.fits import FitRecord
+from gpufleet.catalog.intervals import IntervalRecord
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.registry import KINDS, as_plain
 from gpufleet.catalog.stacks import StackRecord
@@ -42,6 +44,9 @@ def _summary(record: Record) -> str:
     if isinstance(record, FitRecord):
         return (f"fitted {record.field} = {record.value:g} on {len(record.chosen_on)} runs"
                 + (f" ({', '.join(record.gpus)})" if record.gpus else ""))
+    if isinstance(record, IntervalRecord):
+        bands = ", ".join(f"{name} ±{math.sinh(band.quantile_log):.0%}" for name, band in record.regimes.items())
+        return f"{record.level:.0%} intervals from {len(record.residuals)} runs ({record.built}): {bands}"
     if isinstance(record, StackRecord):
         return f"{record.name}: {len(record.stated())} documented settings"
     return getattr(record, "name", "") or ""
