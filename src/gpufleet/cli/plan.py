@@ -39,9 +39,10 @@ from gpufleet.planner.plan import (
     make_plan,
     pipeline_warning,
 )
-from gpufleet.planner.published_runs import framework_options, stack_search_space
+from gpufleet.planner.published_runs import framework_options
 from gpufleet.planner.search import SearchSpace
 from gpufleet.planner.sites import sites_fields
+from gpufleet.planner.stack import stack_search_space
 from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.report.saved import saved_header
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import NodeSpec, Precision
@@ -19,8 +19,10 @@ from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalL
 from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
+from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
+from gpufleet.planner.stack import check_stack_precision, stack_layout_defaults, stack_search_space
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params
 
@@ -58,6 +60,8 @@ class PlanRequest:
     sites: int = 1
     wan_gbps: float | None = None  # each way, what the link delivers
     wan_latency_s: float | None = None  # one-way
+    #: layout fields the user pinned (`plan --tp 8 --pp 2,4 ...`); the stack's layout defaults fill the rest
+    pins: LayoutPins = field(default_factory=LayoutPins)
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,28 @@ def build_job(request: PlanRequest, catalog: Catalog) -> Job:
                precision=request.precision)
 
 
+def search_bounds(request: PlanRequest, catalog: Catalog, job: Job) -> tuple[SearchSpace, dict[str, Any]]:
+    """The space the request's stack can run and the fields pinned: the user's pins, then the stack's layout
+    defaults in the fields left free (planner/stack.py, as `validate` fills a run's null fields)."""
+    fixed: dict[str, Any] = request.pins.given()
+    if request.stack is None:
+        return request.search_space, fixed
+    stack = catalog.stack(request.stack)
+    check_stack_precision(stack, job.precision)
+    space = stack_search_space(stack, request.search_space)
+    return space, stack_layout_defaults(stack, fixed, job, _local_batches(request.pins, request.gpus, space))
+
+
+def _local_batches(pins: LayoutPins, gpus: int, space: SearchSpace) -> int | None:
+    """Micro-batches' worth of local batches per step (dp × pp) when the pins fix them (tp, pp and cp, or cp
+    because the space has only cp = 1), else None."""
+    tp, pp = pins.scalar("tp"), pins.scalar("pp")
+    cp = pins.scalar("cp") or (1 if space.cps == (1,) else None)
+    if tp is None or pp is None or cp is None or gpus % (tp * pp * cp):
+        return None
+    return gpus // (tp * pp * cp) * pp
+
+
 def make_plan(request: PlanRequest, catalog: Catalog,
               progress: Callable[[int], None] | None = None) -> PlanResult:
     """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits in memory, and
@@ -174,7 +200,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
         # exhaustive: the WAN time is added after each step estimate, so the search's step floors do not bound it
         found = search_request_sites(request, job, cluster, calibration, progress)
     else:
-        found = search(job, cluster, calibration, space=request.search_space, options=request.options,
+        space, fixed = search_bounds(request, catalog, job)
+        found = search(job, cluster, calibration, space=space, fixed=fixed, options=request.options,
                        progress=progress, keep=pool_size)
     if not found.feasible:
         if not found.tried:
