@@ -208,7 +208,7 @@ class MegatronEmitter:
 
     def render(self, spec: LaunchSpec) -> list[EmittedFile]:
         files = [EmittedFile(ARGS_FILE, "\n".join(megatron_args(spec)) + "\n")]
-        return files + [EmittedFile(ENV_FILE, _env_file(spec))] if megatron_environment(spec) else files
+        return [*files, EmittedFile(ENV_FILE, _env_file(spec))] if megatron_environment(spec) else files
 
     def environment(self, spec: LaunchSpec) -> dict[str, str]:
         """Variables the start command sets before torchrun (megatron.env holds the same)."""
