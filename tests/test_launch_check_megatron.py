@@ -72,8 +72,9 @@ def test_emitted_fsdp_arguments_pass_and_fail_without_their_checkpoint_format(tm
     ({"context_parallel_size": "4", "seq_length": "4100"}, "not a multiple of 2 × --context-parallel-size 4 = 8"),
     ({"tp_comm_overlap": True, "tensor_model_parallel_size": "2"}, "--tp-comm-overlap needs --sequence-parallel"),
     ({"sequence_parallel": True}, "--sequence-parallel with --tensor-model-parallel-size 1"),
-    ({"num_virtual_stages_per_pipeline_rank": "2", "pipeline_model_parallel_size": "2"},
-     "interleaved schedule needs --pipeline-model-parallel-size ≥ 3"),
+    ({"num_virtual_stages_per_pipeline_rank": "2", "pipeline_model_parallel_size": "2",
+      "no_overlap_p2p_communication": True}, "interleaved schedule needs --pipeline-model-parallel-size ≥ 3"),
+    ({"num_virtual_stages_per_pipeline_rank": "2"}, "interleaved schedule needs --pipeline-model-parallel-size ≥ 2"),
     ({"num_layers": "30", "pipeline_model_parallel_size": "4"}, "--num-layers 30 is not divisible"),
     ({"overlap_param_gather": True, "overlap_grad_reduce": True}, "--overlap-param-gather needs --use-distributed"),
     ({"cpu_offloading": True}, "--cpu-offloading is not a Megatron-LM flag"),
@@ -88,7 +89,8 @@ def test_each_start_up_rule_names_the_flag(flags: dict[str, object], wanted: str
 def test_rules_hold_quiet_on_what_megatron_accepts() -> None:
     fine = {"context_parallel_size": "4", "seq_length": "4096", "tensor_model_parallel_size": "2",
             "sequence_parallel": True, "tp_comm_overlap": True, "pipeline_model_parallel_size": "4",
-            "num_virtual_stages_per_pipeline_rank": "2", "num_layers": "32", "use_distributed_optimizer": True,
+            "num_virtual_stages_per_pipeline_rank": "2", "num_layers": "32", "no_overlap_p2p_communication": True,
+            "use_distributed_optimizer": True,
             "overlap_param_gather": True, "overlap_grad_reduce": True, "micro_batch_size": "2",
             "global_batch_size": "256"}
     assert file_rules("f.args", fine) == []

@@ -80,11 +80,12 @@ def parallel_rules(name: str, args: dict[str, Any]) -> list[str]:
         found.append(f"{name}: give one of --num-virtual-stages-per-pipeline-rank and "
                      f"--num-layers-per-virtual-pipeline-stage ({ARGUMENTS})")
     interleaved = (vpp or 1) > 1 or _int(args, "num_layers_per_virtual_pipeline_stage") is not None
-    least = 2 if args.get("overlap_p2p_comm") else 3
+    no_overlap = bool(args.get("no_overlap_p2p_communication"))  # p2p overlap is on unless this flag is given
+    least = 3 if no_overlap else 2
     if interleaved and pp < least:
         found.append(f"{name}: the interleaved schedule needs --pipeline-model-parallel-size ≥ {least}"
-                     f"{' (with --overlap-p2p-comm)' if least == 2 else ' (or ≥ 2 with --overlap-p2p-comm)'}; "
-                     f"given {pp} ({ARGUMENTS})")
+                     f"{' with --no-overlap-p2p-communication (drop it for ≥ 2)' if no_overlap else ''}; given {pp}, "
+                     f"or drop the virtual stages ({ARGUMENTS})")
     if layers is not None and pp > 1 and layers % pp and "decoder_first_pipeline_num_layers" not in args:
         found.append(f"{name}: --num-layers {layers} is not divisible by --pipeline-model-parallel-size {pp} "
                      f"({ARGUMENTS})")
