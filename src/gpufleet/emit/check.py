@@ -173,7 +173,18 @@ def check_files(catalog: Catalog, paths: list[Path], model: str | None, gpu: str
         report.notes.append("memory, step time and MFU not estimated: give --model")
     elif not report.problems and report.gpus is not None and dp is not None:
         report.expected = _expected(catalog, files, degrees, dp, model, gpu, report)
+    _startup_rules(files, dp, report)
     return report
+
+
+def _startup_rules(files: list[ReadConfig], dp: int | None, report: CheckReport) -> None:
+    """What the framework refuses at start-up (the layout itself, priced above, is well defined)."""
+    from gpufleet.emit.megatron_rules import batch_rules
+
+    for item in files:
+        report.problems += item.startup_problems
+        if item.kind == "megatron" and isinstance(item.framework_config, dict) and dp is not None:
+            report.problems += batch_rules(item.path.name, item.framework_config, dp)
 
 
 def _expected(catalog: Catalog, files: list[ReadConfig], degrees: dict[str, int], dp: int, model_id: str, gpu_id: str,

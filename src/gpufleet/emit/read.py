@@ -43,6 +43,8 @@ class ReadConfig:
     tasks_per_node: int | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: rules the framework enforces at start-up that the file breaks (the layout it states can still be priced)
+    startup_problems: list[str] = field(default_factory=list)
     #: the framework's own parsed config object, where its parser ran (torchtitan's Trainer.Config)
     framework_config: Any = None
 
