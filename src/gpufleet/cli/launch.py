@@ -12,6 +12,7 @@ from rich.console import Console
 
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
+from gpufleet.catalog.stacks import LaunchTarget
 from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.cli.plan import (
@@ -41,10 +42,12 @@ from gpufleet.cli.plan import (
     plan_request,
     plan_with_spinner,
 )
+from gpufleet.emit.within_target import framework_target, left_out, stack_for_target
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
 from gpufleet.planner.model_terms import ModelTerms
-from gpufleet.planner.plan import PlanRequest
+from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
+from gpufleet.planner.search import SearchSpace
 from gpufleet.units import parse_int_list
 
 
@@ -143,6 +146,24 @@ def _render_targets(out: Output, spec: Any, targets: list[str], explicit: set[st
     return by_target
 
 
+def _within_target(cat: Catalog, given: WorkloadOptions, named: list[str],
+                   plan_file: Path | None) -> tuple[WorkloadOptions, LaunchTarget | None]:
+    """With one framework target and no plan file: the options with that target's stack (emit/within_target.py)."""
+    target = framework_target(named)
+    if target is None or plan_file is not None:
+        return given, None
+    return replace(given, stack=stack_for_target(cat, target, given.stack)), target
+
+
+def _note_left_out(out: Output, cat: Catalog, target: LaunchTarget, request: PlanRequest,
+                   result: PlanResult) -> None:
+    """Warn what the best plan of any framework would have gained, when the target cannot run it."""
+    overall = make_plan(replace(request, stack=None, search_space=SearchSpace(), top=1), cat)
+    missed = left_out(target, result, overall)
+    if missed is not None:
+        out.warn(missed.sentence(target))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("launch")
     def launch(
@@ -209,8 +230,11 @@ def register(app: typer.Typer) -> None:
         if plan_file is not None and plan_options:
             flags = ", ".join(sorted("--" + name.replace("_", "-") for name in plan_options))
             raise InputError(f"--plan takes the workload and cluster from the file: drop {flags}")
+        given, target_only = _within_target(cat, given, list(target or []), plan_file)
         request, promised = _request(cat, given, gpus, plan_file, rank)
         result = plan_with_spinner(out, request, cat)
+        if target_only is not None:
+            _note_left_out(out, cat, target_only, request, result)
         if result.economics_error is not None:
             out.warn(f"no checkpoint interval from the reliability model ({result.economics_error}); saving every "
                      "1000 steps")

@@ -73,6 +73,24 @@ class LayoutPins:
         value = getattr(self, name)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    @classmethod
+    def from_saved(cls, data: Any, where: str) -> LayoutPins:
+        """The pins a plan file saved (dataclasses.asdict of LayoutPins: a range as {"low", "high"}, a list as a
+        list); InputError naming `where` when the data is not that."""
+        if not isinstance(data, dict) or not set(data) <= {f.name for f in fields(cls)}:
+            raise InputError(f"{where} must be an object of layout fields, got {str(data)[:80]}")
+        values: dict[str, Pin] = {}
+        for name, value in data.items():
+            if isinstance(value, dict) and set(value) == {"low", "high"}:
+                values[name] = ValueRange(int(value["low"]), int(value["high"]))
+            elif isinstance(value, list):
+                values[name] = tuple(value)
+            elif value is None or isinstance(value, int | str):
+                values[name] = value
+            else:
+                raise InputError(f"{where}.{name} is not a layout pin: {str(value)[:80]}")
+        return cls(**values)
+
     def describe(self) -> str:
         """`tp=8 pp=2,4 vpp=1-4`: the pins as a user typed them."""
         return " ".join(f"{name}={_spelled(value)}" for name, value in self.given().items())

@@ -198,6 +198,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
         from gpufleet.planner.sites import search_request_sites
 
         # exhaustive: the WAN time is added after each step estimate, so the search's step floors do not bound it
+        if request.pins.given():
+            raise InputError("layout flags (--tp, --pp, ...) price one site's layouts; drop them or --sites")
         found = search_request_sites(request, job, cluster, calibration, progress)
     else:
         space, fixed = search_bounds(request, catalog, job)

@@ -239,7 +239,10 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
         changes.update(nics=hardware.gpus_per_node, nic_gbps=hardware.scale_out_gbps_per_gpu)
     node = node.model_copy(update=changes)
     network = catalog.network(node.default_network)
-    return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
+    profile = catalog.records("calibrations").get(gpu.id)  # its measured collectives price the run, as in `plan`
+    measured = profile.collectives if isinstance(profile, CalibrationProfile) else ()
+    return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network),
+                   collective_calibration=measured)
 
 
 def check_unique_ids(runs: list[PublishedRun]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
+from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
 from gpufleet.report.plan_figures import PlanFigures, ScalingPoint, plan_figures
 
@@ -44,7 +45,9 @@ def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "req
     values: dict[str, Any] = {}
     for name, value in data.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if hint is LayoutPins:
+            value = LayoutPins.from_saved(value, f"{where}.{name}")
+        elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
             value = request_from_dict(value, hint, f"{where}.{name}")
         elif isinstance(value, list):
             value = tuple(value)
