@@ -180,3 +180,11 @@ def test_validate_and_plan_pinned_to_the_runs_layout_give_the_same_step(
     same = [p for p in plans if p["layout"]["label"] == row["layout"]]
     assert same, (row["layout"], [p["layout"]["label"] for p in plans])
     assert same[0]["tokens_per_s_per_gpu"] == pytest.approx(row["predicted_tokens_per_s_per_gpu"], rel=1e-9)
+
+
+def test_docs_launch_quotes_the_catalogs_capability_table() -> None:
+    """Docs quote live data: docs/launch.md's table is what the catalog's stacks say today."""
+    from gpufleet.report.stack_capabilities import capability_table
+
+    docs = (Path(__file__).parents[1] / "docs" / "launch.md").read_text(encoding="utf-8")
+    assert capability_table(CATALOG) in docs

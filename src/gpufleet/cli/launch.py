@@ -13,6 +13,17 @@ from rich.console import Console
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
 from gpufleet.catalog.stacks import LaunchTarget
+from gpufleet.cli._layout_flags import (
+    CpOption,
+    EpOption,
+    EtpOption,
+    MicroBatchOption,
+    PpOption,
+    RecomputeOption,
+    ShardingOption,
+    TpOption,
+    VppOption,
+)
 from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.cli.plan import (
@@ -46,6 +57,7 @@ from gpufleet.emit.within_target import framework_target, left_out, stack_for_ta
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
 from gpufleet.planner.model_terms import ModelTerms
+from gpufleet.planner.pins import parse_pins
 from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
 from gpufleet.planner.search import SearchSpace
 from gpufleet.units import parse_int_list
@@ -190,6 +202,10 @@ def register(app: typer.Typer) -> None:
         overlap_dp: bool | None = OverlapDpOption,
         ep_dispatch: str | None = EpDispatchOption, selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption, stack: str | None = StackOption,
+        tp: str | None = TpOption, pp: str | None = PpOption, vpp: str | None = VppOption,
+        cp: str | None = CpOption, ep: str | None = EpOption, etp: str | None = EtpOption,
+        micro_batch: str | None = MicroBatchOption, sharding: str | None = ShardingOption,
+        recompute: str | None = RecomputeOption,
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -200,6 +216,9 @@ def register(app: typer.Typer) -> None:
         * `gpufleet launch -m llama3-70b -t 15T -n 1024 --target megatron --target slurm --out run/`
         * `gpufleet plan -m llama3-8b -n 64 --json > plan.json` then
           `gpufleet launch --plan plan.json --rank 2 --target all --out run/`
+        * `gpufleet launch -m llama3-70b -n 64 --target deepspeed --out D/` — the best plan DeepSpeed can run, and
+          what the best plan of any framework would gain
+        * `gpufleet launch -m llama3-70b -n 256 --tp 8 --pp 4 --target megatron --out run/` — your own layout
         * `gpufleet launch --check ds_config.json --gpus 2048` — is an existing config consistent?
         * `gpufleet launch --check fsdp_config.py` — FSDP keywords against PyTorch's own signature (the file is
           read, never run)
@@ -213,7 +232,8 @@ def register(app: typer.Typer) -> None:
         cat = open_catalog(catalog)
         given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
-                                selective_policy, eager, stack, overlap_dp=overlap_dp)
+                                selective_policy, eager, stack, overlap_dp=overlap_dp,
+                                pins=parse_pins(tp, pp, vpp, cp, ep, etp, micro_batch, sharding, recompute))
         named = {name for name in ctx.params
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         if check:
