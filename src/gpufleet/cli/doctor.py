@@ -33,19 +33,6 @@ Examples:
 """
 
 
-def _read_text(path: Path) -> str:
-    """A log's text; one line when it cannot be read."""
-    if path.is_dir():
-        raise InputError(f"{path} is a folder; give the log file (NCCL_DEBUG=INFO output)")
-    if path.exists() and not path.is_file():  # a named pipe or a device would be read forever
-        raise InputError(f"{path} is not a regular file; give the log file (NCCL_DEBUG=INFO output)")
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
-    return data.decode("utf-8", errors="replace")
-
-
 def _finding_rows(findings: tuple[Finding, ...]) -> list[dict[str, Any]]:
     return [{"id": f.id, "severity": f.severity, "message": f.message, "fix": f.fix} for f in findings]
 
@@ -111,13 +98,14 @@ def _failed_message(what: str, failed: list[dict[str, Any]]) -> str:
 
 
 def nccl_log_command(
-    file: Path = typer.Argument(..., help="An NCCL_DEBUG=INFO log (stdout/stderr of the job)."),
+    file: Path = typer.Argument(..., help="An NCCL_DEBUG=INFO log (stdout/stderr of the job): a regular file, "
+                                "streamed, at most 4 GiB."),
     json_out: bool = JsonOption,
 ) -> None:
-    from gpufleet.runtime.doctor.nccl_log import read_nccl_log
+    from gpufleet.runtime.doctor.nccl_log import read_nccl_log_file
 
     out = Output(json_mode=json_out)
-    report = read_nccl_log(_read_text(file), source=str(file))
+    report = read_nccl_log_file(file)
     data = _nccl_log_data(file, report)
     failed = [row for row in data["findings"] if row["severity"] == "error"]
     if failed:
