@@ -207,3 +207,10 @@ def test_a_json_document_with_a_long_integer_is_one_line(tmp_path: Path) -> None
     path.write_text(json.dumps({"plans": []}).replace("[]", f"[{HUGE}]"), encoding="utf-8")
     line = one_error_line(run_gpufleet("cost", "--plan", str(path)))
     assert "plan.json" in line and "5,000 digits" in line
+
+
+def test_a_duplicated_key_in_a_deepspeed_config_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ds_config.json"
+    path.write_text('{\n  "train_batch_size": 64,\n  "train_batch_size": 4096\n}\n', encoding="utf-8")
+    line = one_error_line(run_gpufleet("launch", "--check", str(path), "--gpus", "8"))
+    assert "'train_batch_size' twice" in line and "lines 2 and 3" in line
