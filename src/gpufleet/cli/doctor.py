@@ -25,6 +25,9 @@ NCCL_LOG_HELP = """Read an NCCL_DEBUG=INFO log: the transport of every connectio
 P2P, SHM), GPUDirect RDMA, rings/trees/NVLS, the interfaces chosen, PyTorch watchdog timeouts; each finding with an
 id and what to change. Exit 1 when a finding is an error (tcp-fallback, watchdog-timeout, ...).
 
+The log is streamed: a regular file only (a pipe, a device or /proc/kmsg is refused unread), lines
+past 8 KiB cut, at most 4 GiB (filter a bigger one with grep -E ' NCCL |Watchdog').
+
 Examples:
 
     NCCL_DEBUG=INFO torchrun ... 2>&1 | tee run.log ;  gpufleet doctor nccl-log run.log
