@@ -124,6 +124,7 @@ def _bounded_int(text: str) -> int:
 
 
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _json_key_lines(text: str, wanted: str) -> list[int]:
@@ -136,7 +137,8 @@ def _json_key_lines(text: str, wanted: str) -> list[int]:
         if word in "{[":
             stack.append({} if word == "{" else None)
         elif word in "}]":
-            stack.pop() if stack else None
+            if stack:
+                stack.pop()
         elif word.startswith('"') and stack and stack[-1] is not None and index + 1 < len(tokens) \
                 and tokens[index + 1].group() == ":" and json.loads(word) == wanted:
             line = text.count("\n", 0, token.start()) + 1
@@ -157,7 +159,7 @@ def _check_strings_and_depth(document: Any) -> str | None:
                 return f"nests lists or mappings more than {MAX_NESTING_LEVELS} levels deep"
             children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
             stack.extend((child, level + 1) for child in children)
-        elif isinstance(item, str) and re.search("[\ud800-\udfff]", item):
+        elif isinstance(item, str) and _SURROGATE.search(item):
             return "holds a lone surrogate escape (such as \\udc80), which is not a character"
     return None
 
