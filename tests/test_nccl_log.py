@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clirun import one_error_line, run_gpufleet
+from clirun import entry_point, one_error_line, run_gpufleet
 from gpufleet.errors import InputError
 from gpufleet.fsio import FileTooLarge, open_regular_file
 from gpufleet.runtime.doctor.nccl_log import (
@@ -301,12 +302,18 @@ def test_a_log_that_grows_past_the_limit_while_read_is_refused(tmp_path: Path) -
     assert grew.value.grew
 
 
+#: Python that runs one command and prints the peak memory of that command alone (its only child), in KiB.
+PEAK_OF_CHILD = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
+                 "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
 @pytest.mark.timeout(300)
 def test_a_3_gb_sparse_log_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
     log = tmp_path / "sparse.log"
     with log.open("wb") as handle:
         handle.truncate(3 * 10**9)
-    line = one_error_line(run_gpufleet("doctor", "nccl-log", str(log), timeout=240))
-    assert "no NCCL log line" in line
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far, this one included
+    probe = subprocess.run([sys.executable, "-c", PEAK_OF_CHILD, *entry_point(), "doctor", "nccl-log", str(log)],
+                           capture_output=True, text=True, timeout=240, check=True)
+    code, peak_kib = map(int, probe.stdout.split())
+    assert code == 2 and "no NCCL log line" in probe.stderr
     assert peak_kib < 500 * 1024, f"{peak_kib / 1024:.0f} MiB"  # it grew past 3 GiB before
