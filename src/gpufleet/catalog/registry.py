@@ -74,8 +74,8 @@ def _expand(paths: Iterable[Path]) -> list[Path]:
                 files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
             except OSError as error:
                 raise CatalogError(f"cannot list catalog folder {path}: {error.strerror}") from None
-        elif path.exists():
-            files.append(path)  # read_yaml refuses what is not a regular file (/dev/null, a named pipe) by name
+        elif os.path.lexists(path):
+            files.append(path)  # read_yaml refuses what is not a regular file (/dev/null, a named pipe, a link loop)
         else:
             raise CatalogError(f"catalog path {path} does not exist (give a YAML file or a folder of them)")
     return files

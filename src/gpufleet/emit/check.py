@@ -69,6 +69,16 @@ def _gpu_count(files: list[ReadConfig], gpus: int | None, report: CheckReport) -
     return gpus if gpus is not None else (implied[0][0] if implied else None)
 
 
+def _refuse_degrees_below_one(files: list[ReadConfig]) -> None:
+    """A parallel degree is a count of GPUs: one below 1 (tp -8, pp 0) is not a layout to check but a file to fix,
+    refused in one line naming the file and the degree."""
+    for item in files:
+        for degree, value in item.degrees.items():
+            if value < 1:
+                raise InputError(f"{item.path.name}: {degree} is {value}; a parallel degree is a whole number of at "
+                                 "least 1")
+
+
 def _check_degrees(degrees: dict[str, int], gpus: int | None, report: CheckReport) -> int | None:
     """The data-parallel size: stated, or what the GPU count leaves; a product that misses the count is a problem."""
     model_parallel = degrees.get("tp", 1) * degrees.get("pp", 1) * degrees.get("cp", 1)
@@ -158,6 +168,7 @@ def _torchtitan_dims(files: list[ReadConfig], gpus: int | None, report: CheckRep
 def check_files(catalog: Catalog, paths: list[Path], model: str | None, gpu: str, gpus: int | None) -> CheckReport:
     """Read every file, then check them together; `model` (a catalog id) adds memory fit, step time and MFU."""
     files = [read_file(path) for path in paths]
+    _refuse_degrees_below_one(files)
     report = CheckReport(files, gpus)
     for item in files:
         report.problems += item.problems
