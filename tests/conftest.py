@@ -61,6 +61,10 @@ SLOW_TESTS = frozenset({
     "test_sites.py::test_the_seeds_two_clusters_end_to_end",
     "test_sites.py::test_the_best_plan_over_two_sites_never_gets_faster_on_a_worse_link",
     "test_sites.py::test_the_table_says_the_plan_is_over_sites",
+    "test_nccl_log.py::test_a_3_gb_sparse_log_is_streamed_in_bounded_memory",
+    "test_input_bounds.py::test_megatron_degrees_below_one_are_one_line_not_a_modulo_by_zero",
+    "test_input_bounds.py::test_a_5_mb_catalog_of_200k_records_is_refused_quickly",
+    "test_input_bounds.py::test_the_node_budget_is_exact",
 })
 
 

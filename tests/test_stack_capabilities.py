@@ -188,3 +188,13 @@ def test_docs_launch_quotes_the_catalogs_capability_table() -> None:
 
     docs = (Path(__file__).parents[1] / "docs" / "launch.md").read_text(encoding="utf-8")
     assert capability_table(CATALOG) in docs
+
+
+@pytest.mark.parametrize(("field", "value"), [("rank_by", "fastest"), ("fabric_model", "exact"), ("top", 0),
+                                              ("topology", "ring"), ("global_batch", 0), ("oversubscription", 0.5)])
+def test_the_python_api_refuses_what_the_cli_refuses(field: str, value: Any) -> None:
+    """PlanRequest validates itself: rank_by='fastest' used to run silently and rank by time."""
+    from gpufleet.errors import InputError
+
+    with pytest.raises(InputError, match=field):
+        PlanRequest(**{field: value})
