@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
 from gpufleet.catalog.fits import FitRecord, apply_fits
+from gpufleet.catalog.judgements import ConstantFit, JudgementRecord, Judgements, catalog_judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_error
@@ -36,6 +37,8 @@ KINDS: dict[str, type[Record]] = {
     "calibrations": CalibrationProfile,
     "stacks": StackRecord,
     "fits": FitRecord,
+    "judgements": JudgementRecord,
+    "constant_fits": ConstantFit,
     **ECONOMICS_KINDS,
 }
 
@@ -107,6 +110,7 @@ class Catalog:
     _origins: dict[tuple[str, str], Path] = field(default_factory=dict, repr=False)
     _empty_user_paths: list[Path] = field(default_factory=list, repr=False)
     _checked: bool = field(default=False, repr=False)
+    _judgements: Judgements | None = field(default=None, repr=False)
 
     def _raw_entries(self) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
         if self._raw is None:
@@ -179,6 +183,7 @@ class Catalog:
                     raise CatalogError(f"catalog file {path}: {kind} entry {record_id!r}: {what} names no "
                                        f"{_SINGULAR[target]} in the catalog; "
                                        f"known: {', '.join(sorted(known))}")
+        self.judgements()  # the typed view: an unknown id or a value out of range fails here too
         self._checked = True
         return [f"catalog {'folder' if path.is_dir() else 'file'} {path} adds nothing"
                 + (" (no .yaml or .yml files in it)" if path.is_dir() else " (empty)")
@@ -226,6 +231,18 @@ class Catalog:
     def fits(self) -> list[FitRecord]:
         """The recorded calibration fits (`fits:`)."""
         return [record for record in self.records("fits").values() if isinstance(record, FitRecord)]
+
+    def judgements(self) -> Judgements:
+        """The model's judgement constants and constant fits (`judgements:`, `constant_fits:`; a user record
+        overrides one by id), checked for range (catalog.judgements)."""
+        if self._judgements is None:
+            self._judgements = catalog_judgements(self)
+        return self._judgements
+
+    def origin(self, kind: str, record_id: str) -> Path:
+        """The file a record came from."""
+        self.records(kind)
+        return self._origins[(kind, record_id)]
 
     def stack(self, name: str) -> StackRecord:
         """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.fits import FitRecord
+from gpufleet.catalog.judgements import ConstantFit, JudgementRecord
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.registry import KINDS, as_plain
 from gpufleet.catalog.stacks import StackRecord
@@ -44,6 +45,10 @@ def _summary(record: Record) -> str:
                 + (f" ({', '.join(record.gpus)})" if record.gpus else ""))
     if isinstance(record, StackRecord):
         return f"{record.name}: {len(record.stated())} documented settings"
+    if isinstance(record, ConstantFit):
+        return f"fitted {record.value:g} on {len(record.chosen_on)} measurements"
+    if isinstance(record, JudgementRecord):
+        return f"{record.value:g} ({'judgement' if record.source.startswith('judgement') else 'cited'})"
     return getattr(record, "name", "") or ""
 
 

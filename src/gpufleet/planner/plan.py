@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
+from gpufleet.catalog.judgements import using
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
+from gpufleet.economics.defaults import checkpoint_bytes_per_param
 from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
@@ -28,8 +30,6 @@ from gpufleet.workload.params import count_params
 
 RankBy = Literal["time", "cost"]
 
-#: Checkpoint = bf16 weights + fp32 master weights + Adam m and v: 2 + 4 + 4 + 4 bytes per parameter.
-CHECKPOINT_BYTES_PER_PARAM = 14
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,14 @@ def _local_batches(pins: LayoutPins, gpus: int, space: SearchSpace) -> int | Non
 def make_plan(request: PlanRequest, catalog: Catalog,
               progress: Callable[[int], None] | None = None) -> PlanResult:
     """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits in memory, and
-    NoLegalLayoutError when the GPU count cannot be split into any layout at all."""
+    NoLegalLayoutError when the GPU count cannot be split into any layout at all. The model's judgement constants
+    are `catalog`'s while it runs (the request's StepOptions and MemoryAssumptions took theirs when they were made:
+    the CLI makes them after putting its catalog's in force)."""
+    with using(catalog.judgements()):
+        return _make_plan(request, catalog, progress)
+
+
+def _make_plan(request: PlanRequest, catalog: Catalog, progress: Callable[[int], None] | None) -> PlanResult:
     if request.top < 1:
         raise InputError(f"--top must be at least 1, got {request.top}")
     cluster = build_cluster(request, catalog)
@@ -225,7 +232,7 @@ def make_plan(request: PlanRequest, catalog: Catalog,
         if not found.tried:
             raise NoLegalLayoutError(describe_no_legal_layout(request, catalog, job, cluster))
         raise InfeasibleError(describe_no_fit(found, cluster))
-    checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
+    checkpoint_bytes = count_params(job.model).total * checkpoint_bytes_per_param(catalog)
     ranked: list[Plan] = []
     economics_error: str | None = None
     pool = found.feasible[:pool_size]
