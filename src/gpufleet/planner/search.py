@@ -11,6 +11,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import NodeSpec
 from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
@@ -180,14 +181,15 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                                      micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
 
 
-#: Share of a node's RAM that offloaded activations and optimizer state may pin (judgement: the OS, the data
-#: loader's workers and the page cache need the rest).
-HOST_RAM_USABLE_FRACTION = 0.8
+def host_ram_usable_fraction() -> float:
+    """Share of a node's RAM that offloaded activations and optimizer state may pin (the catalog's judgement
+    `host-ram-usable-fraction`: the OS, the data loader's workers and the page cache need the rest)."""
+    return judgements().host_ram_usable_fraction
 
 
 def host_memory_bytes(node: NodeSpec) -> float:
     """CPU memory one node can give its GPUs' offloaded tensors."""
-    return node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION
+    return node.cpu_ram_gib * 2**30 * host_ram_usable_fraction()
 
 
 def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: int) -> bool:
