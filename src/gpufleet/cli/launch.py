@@ -56,8 +56,9 @@ from gpufleet.cli.plan import (
 from gpufleet.emit.within_target import framework_target, left_out, stack_for_target
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
+from gpufleet.planfile import read_plan_file
 from gpufleet.planner.model_terms import ModelTerms
-from gpufleet.planner.pins import parse_pins
+from gpufleet.planner.pins import LayoutPins, parse_pins
 from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
 from gpufleet.planner.search import SearchSpace
 from gpufleet.units import parse_int_list
@@ -72,24 +73,25 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tuple[WorkloadOptions, int, str]:
     """The options that reproduce a `plan --json` file's request, its GPU count and its plan #rank's layout label."""
-    version = data.get("gpufleet_version")
-    if version != __version__:
-        raise InputError(f"--plan {path} was written by gpufleet {version or 'of an unknown version'}, this is "
+    saved = read_plan_file(data, f"--plan {path}")
+    if saved.gpufleet_version != __version__:
+        raise InputError(f"--plan {path} was written by gpufleet {saved.gpufleet_version}, this is "
                          f"{__version__}: re-run `gpufleet plan --json` with this version")
-    sites = data.get("request", {}).get("sites", 1) if isinstance(data.get("request"), dict) else 1
-    if sites != 1:
-        raise InputError(f"--plan {path} is a plan over {sites} sites; launch writes one site's files only")
+    if saved.request.get("sites", 1) != 1:
+        raise InputError(f"--plan {path} is a plan over {saved.request.get('sites')} sites; launch writes one site's "
+                         "files only")
+    if saved.job is None or saved.cluster is None:
+        raise InputError(f"--plan {path} is a sweep over GPU counts: launch takes a plan of one count")
+    if not 1 <= rank <= len(saved.plans or []):
+        raise InputError(f"--rank {rank} is beyond the plans in {path}: choose 1-{len(saved.plans or [])}")
+    label = saved.plan(rank, f"--plan {path}").layout.label
+    job, cluster, framework, ranking = saved.job, saved.cluster, saved.framework, saved.ranking
     try:
-        job, cluster, framework = data["job"], data["cluster"], data["framework"]
-        ranking, plans = data.get("ranking", {}), data["plans"]
-        if not 1 <= rank <= len(plans):
-            raise InputError(f"--rank {rank} is beyond the plans in {path}: choose 1-{len(plans)}")
-        label = plans[rank - 1]["layout"]["label"]
         given = WorkloadOptions(
-            model=job["model"], tokens=repr(float(job["tokens"])), gpu=cluster["gpu"], node=cluster["node"],
-            fabric=cluster["network"], topology=cluster["topology"],
-            oversubscription=f"{float(cluster['oversubscription'])!r}:1", seq=int(job["seq_len"]),
-            global_batch=int(job["global_batch"]), precision=job["precision"],
+            model=job.model, tokens=repr(float(job.tokens)), gpu=cluster.gpu, node=cluster.node,
+            fabric=cluster.network, topology=cluster.topology,
+            oversubscription=f"{float(cluster.oversubscription)!r}:1", seq=job.seq_len,
+            global_batch=job.global_batch, precision=job.precision,
             rank_by=ranking.get("rank_by", "time"), fabric_model=ranking.get("fabric_model", "analytical"),
             overlap_tp=framework["tp_comm_overlap"], dtensor_tp=not framework["tp_async_backward"],
             overlap_ep=framework["ep_comm_overlap"], ep_dispatch=framework["ep_dispatch"],
@@ -97,8 +99,9 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
             stack=framework["stack"],
             terms=ModelTerms(float(framework.get("straggler_sigma", 0.0)), framework.get("straggler_scope", "job"),
                              float(framework.get("overlap_slowdown", 0.0)), framework.get("fsdp2_copies")),
-            overlap_dp=framework.get("dp_overlap"))
-        return given, int(cluster["gpus"]), str(label)
+            overlap_dp=framework.get("dp_overlap"),
+            pins=LayoutPins.from_saved(saved.request.get("pins", {}), f"--plan {path}: request.pins"))
+        return given, cluster.gpus, label
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"--plan {path} is not a `gpufleet plan --json` file (missing or bad {error})") from error
 
@@ -114,8 +117,9 @@ def _request(cat: Catalog, given: WorkloadOptions, gpus: str, plan_file: Path | 
         return plan_request(cat, given, counts[0], max(rank, 5)), None
     data = _read_json(plan_file, "--plan")
     from_file, count, label = _options_from_plan_file(plan_file, data, rank)
-    request = plan_request(cat, from_file, count, max(rank, len(data["plans"])))
-    if framework_to_dict(request) != data["framework"]:
+    saved = read_plan_file(data, f"--plan {plan_file}")
+    request = plan_request(cat, from_file, count, max(rank, len(saved.plans or [])))
+    if framework_to_dict(request) != saved.framework:
         raise InputError(f"--plan {plan_file}: its framework settings are not this version's: re-run "
                          "`gpufleet plan --json`")
     return request, label
