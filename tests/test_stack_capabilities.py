@@ -198,3 +198,23 @@ def test_the_python_api_refuses_what_the_cli_refuses(field: str, value: Any) -> 
 
     with pytest.raises(InputError, match=field):
         PlanRequest(**{field: value})
+
+
+@pytest.mark.framework
+def test_launch_check_prices_a_file_with_its_frameworks_stack(tmp_path: Path) -> None:
+    """A torchtitan file written for `plan --stack torchtitan`'s best plan is priced by `launch --check` with
+    the torchtitan stack: the same step time the plan ranked it at (with gpufleet's defaults it would differ)."""
+    pytest.importorskip("torchtitan", reason="the launch-check extra (scripts/test installs it)")
+    out = tmp_path / "T"
+    launched = run_gpufleet("launch", "-m", "llama3-8b", "-n", "64", "--target", "torchtitan", "--out", str(out))
+    assert launched.returncode == 0, launched.stderr
+    planned = json.loads(run_gpufleet("plan", "-m", "llama3-8b", "-n", "64", "--stack", "torchtitan", "--top", "1",
+                                      "--json").stdout)["plans"][0]
+    checked = run_gpufleet("launch", "--check", str(out / "torchtitan" / "gpufleet_torchtitan.py"), "-m",
+                           "llama3-8b", "--gpus", "64", "--json")
+    expected = json.loads(checked.stdout)["expected"]
+    assert expected["stack"] == "torchtitan"
+    assert expected["step_s"] == pytest.approx(planned["step_s"], rel=1e-9)
+    default = run_gpufleet("plan", "-m", "llama3-8b", "-n", "64", "--top", "1", "--json", "--tp", "1", "--pp", "1",
+                           "--micro-batch", "2", "--sharding", "zero3", "--recompute", "none", "--cp", "1")
+    assert json.loads(default.stdout)["plans"][0]["step_s"] != pytest.approx(expected["step_s"], rel=1e-3)

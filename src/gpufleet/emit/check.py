@@ -202,11 +202,13 @@ def _expected(catalog: Catalog, files: list[ReadConfig], degrees: dict[str, int]
               report: CheckReport) -> dict[str, Any] | None:
     """Memory per GPU and step time of the layout the files describe, through gpufleet's model."""
     from gpufleet.emit.expected import expected_step
+    from gpufleet.planner.stack import TARGET_STACKS
 
     first = {attr: next((getattr(f, attr) for f in files if getattr(f, attr) is not None), None)
              for attr in ("micro_batch", "global_batch", "seq_len", "sharding", "recompute", "precision")}
+    stack = next((TARGET_STACKS[kind] for kind in (f.kind for f in files) if kind in TARGET_STACKS), None)
     try:
-        return expected_step(catalog, model_id, gpu_id, report.gpus or 0, degrees, dp, first)
+        return expected_step(catalog, model_id, gpu_id, report.gpus or 0, degrees, dp, first, stack)
     except (LayoutError, GpufleetError) as error:
         report.problems.append(f"the layout does not hold for {model_id}: {error}")
         return None
