@@ -11,7 +11,7 @@ from dataclasses import replace
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.wan import WanLink
 from gpufleet.parallel.layout import Layout
-from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS
+from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.perf.wan import pp_across_sites, with_wan
 from gpufleet.planner.plan import PlanRequest, build_cluster, build_job
@@ -62,7 +62,7 @@ def main() -> None:
     busy_s = pp_across_sites(pp_alone, job, pp.layout, cluster, LINK, 2).total_s
     print(f"PP across, if the pipeline hid its hops: at least max(link busy {busy_s:.2f} s, step without the WAN "
           f"{pp_alone.step_s:.2f} s)")
-    bf16 = StepOptions(memory=replace(DEFAULT_ASSUMPTIONS, grad_dtype="bf16"))
+    bf16 = StepOptions(memory=MemoryAssumptions(grad_dtype="bf16"))
     half = search_sites(job, cluster, calibration, sites=2, link=LINK, options=bf16, across=("dp",)).feasible[0]
     single_bf16 = search(job, cluster, calibration, options=bf16).feasible[0]
     print(row("one site, gradients reduced in bf16", single_bf16, single_s))

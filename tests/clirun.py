@@ -11,13 +11,14 @@ server that runs until killed, signal handling, import-time measurements).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import os
 import shutil
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ENV_VAR = "GPUFLEET_CATALOG"
@@ -84,6 +85,13 @@ def run_gpufleet(*args: str, env: dict[str, str] | None = None, timeout: float =
     del timeout
     from gpufleet.cli.main import run
 
+    # Its own copy of the context variables, as a process would start with: what the command puts in force (its
+    # catalog's judgements, gpufleet.catalog.judgements) ends with it.
+    return contextvars.copy_context().run(_run_in_process, run, args, env)
+
+
+def _run_in_process(run: Callable[[list[str]], None], args: tuple[str, ...], env: dict[str, str] | None
+                    ) -> subprocess.CompletedProcess[str]:
     out, err = _Captured(), _Captured()
     code: int = 0
     with _patched_environment(_environment(env)), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

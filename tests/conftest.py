@@ -63,6 +63,10 @@ SLOW_TESTS = frozenset({
     "test_sites.py::test_the_table_says_the_plan_is_over_sites",
     "test_intervals.py::test_regression_guard_interval_table_rebuilds_to_the_recorded_numbers",
     "test_docs_validation.py::test_the_docs_regime_and_source_tables_are_what_validate_cross_validate_prints",
+    "test_nccl_log.py::test_a_3_gb_sparse_log_is_streamed_in_bounded_memory",
+    "test_input_bounds.py::test_megatron_degrees_below_one_are_one_line_not_a_modulo_by_zero",
+    "test_input_bounds.py::test_a_5_mb_catalog_of_200k_records_is_refused_quickly",
+    "test_input_bounds.py::test_the_node_budget_is_exact",
 })
 
 

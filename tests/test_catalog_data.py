@@ -172,6 +172,7 @@ def _architecture(model: dict[str, Any]) -> str:
     shape["tied_embeddings"] = bool(model.get("tied_embeddings"))
     if isinstance(shape["moe"], dict):
         shape["moe"] = {"shared_experts": 0, "dense_layers": 0, **shape["moe"]}
+        shape["moe"].pop("router", None)  # how tokens are routed, not the shape
         if not shape["moe"]["dense_layers"]:
             shape["ffn_hidden"] = None  # unused when every layer is MoE
     return json.dumps(shape, sort_keys=True)

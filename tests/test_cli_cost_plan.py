@@ -39,10 +39,11 @@ def test_plan_and_gpu_hours_are_exclusive(tmp_path: Path) -> None:
 
 
 def _plan_file(tmp_path: Path, gpu: str = "h100-sxm", gpus: int = 32) -> Path:
-    """The fields of a `gpufleet plan --json` output that `cost --plan` reads."""
+    """A `gpufleet plan --json` output of one GPU count (the plan file's schema is checked by its reader)."""
+    planned = gpufleet("plan", "-m", "llama3-8b", "-t", "500B", "-g", gpu, "-n", str(gpus), "--top", "1", "--json")
+    assert planned.returncode == 0, planned.stderr
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"cluster": {"gpu": gpu, "gpus": gpus, "node": "dgx-h100"},
-                                "plans": [{"time_to_train_s": 36000.0}]}))
+    path.write_text(planned.stdout)
     return path
 
 

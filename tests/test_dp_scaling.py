@@ -120,3 +120,17 @@ def test_weak_scaling_series_slope_down_with_dp_as_measured(series: tuple[str, .
     predicted = [predict_run(run, CATALOG, options).predicted_tokens_per_s_per_gpu or math.nan for run in chosen]
     assert all(later < earlier for earlier, later in itertools.pairwise(measured))
     assert all(later < earlier for earlier, later in itertools.pairwise(predicted))
+
+
+def _expected_max_by_the_old_loop(n: int) -> float:
+    """The previous implementation, kept as the reference: log Phi by math.erfc one grid point at a time (18,001 of
+    them over +-9 sigma) and the same trapezoid integral."""
+    x = np.linspace(-9.0, 9.0, 18001)
+    x[9000] = 0.0
+    cdf_n = np.exp(n * np.log(np.array([0.5 * math.erfc(-value / math.sqrt(2.0)) for value in x])))
+    return float(np.trapezoid(1.0 - cdf_n[9000:], x[9000:]) - np.trapezoid(cdf_n[:9001], x[:9001]))
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 64, 1000, 16384, 10**6])
+def test_vectorised_expected_max_matches_the_old_loop(n: int) -> None:
+    assert expected_max_normal(n) == pytest.approx(_expected_max_by_the_old_loop(n), rel=1e-9)

@@ -4,9 +4,14 @@ The commands are discovered from the typer app, so a command added later is fuzz
 baseline invocation (BASELINES below, else the first `gpufleet …` example of its --help) and every option and
 argument in turn gets hostile values of its type (empty, negative, nan, 1e400, 40 nines, full-width digits, a
 thousands separator, a 100 KB value, a named pipe, /dev/null, a folder, YAML and JSON nested 1,000 deep, a
-binary file, a 16 MiB+1 sparse file, …); then seeded random invocations change several at once, and run files
-and catalog files with one field changed (0, -1, 16385, inf, a word, null, a list…) go to `validate --runs` and
-to commands that read the changed GPU. The corpus is fixed (random.Random(SEED)): the same invocations every run.
+binary file, a 16 MiB+1 sparse file, and issue 31's classes: a 5,000-digit integer, a NUL byte, a lone
+surrogate, a duplicated key, an alias bomb, /proc/kmsg, a 300-byte file name, a symbolic link loop, …); then seeded
+random invocations change several at once, run files and catalog files with one field changed (0, -1, 16385, inf,
+a word, null, a list…) go to `validate --runs` and to commands that read the changed GPU, and the same files changed
+as text (a 5,000-digit integer, a NUL byte, a duplicated line, a lone surrogate) and Megatron argument files with
+degrees below 1 go to `validate`, `catalog list` and `launch --check`. The corpus is fixed (random.Random(SEED)):
+the same invocations every run. A property-based test (hypothesis, seeded) draws more such damaged files and
+checks that each is refused in one line naming the file.
 
 Each invocation must end with exit 0, 1 or 2, print no traceback, end an exit 2 with one `error: ` line whose length
 is bounded, and finish within INVOCATION_LIMIT_S. The corpus runs in-process through the real entry point
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import io
 import os
 import random
@@ -35,6 +41,8 @@ from typing import Any
 import pytest
 import typer
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from clirun import ENV_VAR, run_gpufleet
 from gpufleet.catalog import registry
@@ -53,6 +61,8 @@ COMMON_PER_PARAMETER = 6
 SUBPROCESS_SAMPLE = 8
 LONG = "x" * 100_000
 LONG_SPACED = "ab " * 33_000
+#: More digits than Python reads as an integer (4,300): issue 31's first traceback class.
+HUGE_DIGITS = "9" * 5000
 
 #: Baselines that keep each invocation fast (a small search, one run to predict); a command not named here starts
 #: from the first example of its --help. {tmp} is the test's folder.
@@ -75,10 +85,10 @@ BASELINES: dict[str, list[str]] = {
 COMMON_VALUES = ["", " ", "-1", "0", "nan", "-inf", "1e400", "9" * 40, "１２８", "1,000", "1,024T", "0x10",
                  "é中🚀", "--json", "-", "true", "[1, 2]", "%s%n{0}", "../" * 40, "\t\n", "1e-400", "2**64"]
 TYPED_VALUES = {
-    "<int>": ["1.5", "18446744073709551617", "-0", "1_000"],
-    "<int range>": ["1.5", "18446744073709551617", "-99999999999"],
-    "<float>": ["1/3", "0.0", "-1e308", "1e308"],
-    "<str>": [LONG, LONG_SPACED],
+    "<int>": ["1.5", "18446744073709551617", "-0", "1_000", HUGE_DIGITS],
+    "<int range>": ["1.5", "18446744073709551617", "-99999999999", HUGE_DIGITS],
+    "<float>": ["1/3", "0.0", "-1e308", "1e308", HUGE_DIGITS],
+    "<str>": [LONG, LONG_SPACED, HUGE_DIGITS],
 }
 
 
@@ -207,6 +217,17 @@ def hostile_files(tmp: Path) -> dict[str, str]:
     files["loop.yaml"] = str(tmp / "loop.yaml")
     files["missing.yaml"] = str(tmp / "missing.yaml")
     files["/dev/null"] = "/dev/null"
+    # issue 31's classes
+    write("huge_int.yaml", f"- id: a\n  num_gpus: {HUGE_DIGITS}\n")
+    write("nul.yaml", "- id: a\n  name: b\x00c\n")
+    write("surrogate.yaml", 'gpus:\n  - id: "\\udc80"\n')
+    write("dup_key.yaml", "gpus:\n  - id: x\n    hbm_gib: 40\n    hbm_gib: 4000\n")
+    write("dup_key.json", '{"plans": [], "plans": [1]}')
+    write("huge_int.json", f'{{"plans": [{HUGE_DIGITS}]}}')
+    write("laughs.yaml", "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x]",
+                                    *(f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9))]))
+    files["/proc/kmsg"] = "/proc/kmsg"  # waits for kernel messages, and takes them, if read
+    files["long_name"] = str(tmp / ("n" * 300 + ".yaml"))  # over the 255 bytes a file name may have
     return files
 
 
@@ -238,7 +259,7 @@ def corpus(tmp: Path, files: dict[str, str]) -> list[list[str]]:
             for param, values in rng.sample(choices, min(3, len(choices))):
                 args = with_value(leaf, split_baseline(leaf, args), param, rng.choice(values))[len(leaf.words):]
             invocations.append([*leaf.words, *args])
-    return invocations + mutated_documents(tmp, rng)
+    return invocations + mutated_documents(tmp, rng) + damaged_texts(tmp, rng)
 
 
 #: Values one field of a run or catalog record is changed to: the one-character typos and slips of a user's file.
@@ -290,6 +311,65 @@ def mutated_documents(tmp: Path, rng: random.Random) -> list[list[str]]:
         target.write_text(yaml.safe_dump({"gpus": [_with_field(gpu, path, rng.choice(FIELD_VALUES))]}),
                           encoding="utf-8")
         invocations.append([*rng.choice(CATALOG_COMMANDS), "--catalog", str(target)])
+    return invocations
+
+
+#: How a file's text is damaged (issue 31's classes), each a function of the text and a seeded choice.
+DAMAGE_KINDS = ("huge integer", "nul byte", "duplicated key", "lone surrogate")
+#: Damaged run files and catalog files in the corpus (each kind in turn), and Megatron argument files.
+DAMAGED_TEXTS = 40
+DAMAGED_MEGATRON = 8
+#: Degrees a Megatron argument file is given (tp and pp drawn from these): issue 31 saw tp -8, pp 0.
+DEGREES = ["-8", "0", "1", "2", "8", "-1", "3"]
+
+
+def damage(text: str, kind: str, rng: random.Random) -> str:
+    """`text` with one damage of `kind`, at a seeded place: a number made 5,000 digits long, a NUL byte, a
+    `key: value` line given twice in its mapping, a string value made a lone surrogate escape."""
+    lines = text.splitlines()
+    if kind == "nul byte":
+        at = rng.randrange(len(text))
+        return text[:at] + "\x00" + text[at:]
+    pattern = {"huge integer": r"^(\s*(?:- )?\w+: )-?\d+\s*$", "duplicated key": r"^\s+\w+: \S.*$",
+               "lone surrogate": r"^(\s*(?:- )?\w+: )[A-Za-z][\w .-]*$"}[kind]
+    candidates = [index for index, line in enumerate(lines) if re.match(pattern, line)]
+    index = rng.choice(candidates)
+    if kind == "duplicated key":
+        lines.insert(index + 1, lines[index])
+    else:
+        value = HUGE_DIGITS if kind == "huge integer" else '"\\udc80"'
+        lines[index] = re.sub(pattern, lambda match: match.group(1) + value, lines[index])
+    return "\n".join(lines) + "\n"
+
+
+def shipped_texts(tmp: Path) -> dict[str, str]:
+    """The two texts damaged: a run file of one shipped run and a catalog file of one shipped GPU."""
+    gpu = next(g for g in yaml.safe_load((Path(registry.__file__).parent / "data/gpus.yaml").read_text(
+        encoding="utf-8"))["gpus"] if g["id"] == "h100-sxm")
+    return {"run": (tmp / "one_run.yaml").read_text(encoding="utf-8"),
+            "catalog": yaml.safe_dump({"gpus": [gpu]}, sort_keys=False)}
+
+
+def damaged_invocation(tmp: Path, base: str, text: str, name: str) -> list[str]:
+    target = tmp / f"{name}.yaml"
+    target.write_text(text, encoding="utf-8", errors="surrogatepass")
+    return ["validate", "--runs", str(target)] if base == "run" else ["catalog", "list", "--catalog", str(target)]
+
+
+def damaged_texts(tmp: Path, rng: random.Random) -> list[list[str]]:
+    """Run and catalog files damaged as text (DAMAGE_KINDS in turn, seeded places), and Megatron argument files
+    with seeded degrees for `launch --check`."""
+    texts = shipped_texts(tmp)
+    invocations = []
+    for index in range(DAMAGED_TEXTS):
+        base = ("run", "catalog")[index % 2]
+        kind = DAMAGE_KINDS[index // 2 % len(DAMAGE_KINDS)]
+        invocations.append(damaged_invocation(tmp, base, damage(texts[base], kind, rng), f"damaged_{index}"))
+    for index in range(DAMAGED_MEGATRON):
+        target = tmp / f"megatron_args_{index}.txt"
+        target.write_text(f"--tensor-model-parallel-size {rng.choice(DEGREES)} --pipeline-model-parallel-size "
+                          f"{rng.choice(DEGREES)} --micro-batch-size 1 --global-batch-size 64\n", encoding="utf-8")
+        invocations.append(["launch", "--check", str(target), "--gpus", rng.choice(["8", "16", HUGE_DIGITS])])
     return invocations
 
 
@@ -367,6 +447,21 @@ def _report(outcomes: list[Outcome], where: str) -> tuple[Counter[int | None], l
     return codes, failures
 
 
+def warm_megatron_import() -> None:
+    """Import megatron-core once, when it is installed (as the first `launch --check` of a Megatron file in a process
+    would: ~4 s, several times that on a loaded machine), so that INVOCATION_LIMIT_S measures gpufleet, not that."""
+    if importlib.util.find_spec("megatron") is not None:
+        from gpufleet.emit import read_megatron
+
+        read_megatron._silenced(read_megatron._config_classes)
+
+
+def is_megatron_check(args: list[str]) -> bool:
+    """A `launch --check` of a Megatron argument file: each real process pays megatron-core's import (the refusal
+    of its degrees through a real process is tests/test_input_bounds.py's)."""
+    return args[:2] == ["launch", "--check"] and "megatron_args" in " ".join(args)
+
+
 @pytest.fixture(scope="module")
 def fuzz_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
     tmp = tmp_path_factory.mktemp("fuzz")
@@ -408,6 +503,7 @@ def test_fuzzed_invocations_end_cleanly_in_process(fuzz_root: tuple[Path, dict[s
         return copy.deepcopy(parsed[path])
 
     monkeypatch.setattr(registry, "read_yaml", read_shipped_once)
+    warm_megatron_import()
     invocations = corpus(tmp, files)
     outcomes = [run_in_process(args) for args in invocations]
     codes, failures = _report(outcomes, "in-process")
@@ -431,7 +527,8 @@ def subprocess_set(tmp: Path, files: dict[str, str]) -> list[tuple[list[str], di
                     chosen.append(with_value(leaf, base, param, files[name]))
     chosen.append(["catalog", "show", LONG])
     chosen.append(["plan", "-m", LONG_SPACED, "-t", "1T", "-n", "8"])
-    chosen += random.Random(SEED).sample(corpus(tmp, files), SUBPROCESS_SAMPLE)
+    chosen += random.Random(SEED).sample([args for args in corpus(tmp, files) if not is_megatron_check(args)],
+                                         SUBPROCESS_SAMPLE)
     from_environment = [(["catalog", "list"], {ENV_VAR: files[name]}) for name in ("pipe_folder", "deep.yaml")]
     return [(args, {}) for args in chosen] + from_environment
 
@@ -451,3 +548,24 @@ def test_fuzzed_invocations_end_cleanly_as_real_processes(fuzz_root: tuple[Path,
     record_property("fuzzed_exit_codes_subprocess", dict(codes))
     record_property("fuzzed_invocations_subprocess", len(outcomes))
     assert not failures, "\n".join(failures[:40])
+
+
+#: Damaged files the property-based test draws (seeded: the same every run).
+PROPERTY_EXAMPLES = 60
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=PROPERTY_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(["run", "catalog"]), kind=st.sampled_from(DAMAGE_KINDS),
+       place=st.integers(min_value=0, max_value=2**32))
+def test_any_damaged_input_file_is_refused_in_one_line(fuzz_root: tuple[Path, dict[str, str]], base: str,
+                                                       kind: str, place: int) -> None:
+    """Whatever file is damaged, in whichever place, by any of issue 31's classes: exit 2, one `error:` line that
+    names the file, no traceback (the in-process entry point, as the corpus runs it)."""
+    tmp, _ = fuzz_root
+    text = damage(shipped_texts(tmp)[base], kind, random.Random(place))
+    args = damaged_invocation(tmp, base, text, f"property_{base}_{kind.replace(' ', '_')}_{place}")
+    outcome = run_in_process(args)
+    assert not problems(outcome), problems(outcome)
+    assert outcome.code == 2 and Path(args[-1]).name in outcome.stderr, (kind, outcome.stderr)

@@ -115,6 +115,17 @@ def test_a_target_that_cannot_express_the_plan_names_what_it_lacks_and_who_can()
         DEEPSPEED.render(with_cp)
     result = run_gpufleet("launch", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--stack", "torchtitan",
                           "--target", "deepspeed", "--out", str(Path("/nonexistent-gpufleet/run")))
+    assert "--stack torchtitan launches with --target torchtitan" in one_error_line(result)
+
+
+def test_a_plan_file_the_target_cannot_express_is_refused_naming_what_it_lacks(tmp_path: Path) -> None:
+    """A plan file is launched as planned (no re-planning within the target): a target that cannot run it says
+    what it lacks and which target can."""
+    planned = run_gpufleet("plan", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--stack", "torchtitan", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(planned.stdout, encoding="utf-8")
+    result = run_gpufleet("launch", "--plan", str(plan_file), "--target", "deepspeed", "--out", str(tmp_path / "r"))
     assert "--target deepspeed cannot express this plan" in one_error_line(result)
 
 

@@ -8,6 +8,7 @@ the out-of-sample figures are tests/test_fit.py's leave-one-source-out ones.
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def test_spearman_by_hand() -> None:
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     # d = ranks differ by (0, 0, 1, -1): rho = 1 - 6*2/(4*15) = 0.8
     assert spearman([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(0.8)
+    # ties share the mean rank: x ranks (1, 2.5, 2.5, 4), y ranks (1, 3, 2, 4); Pearson of those = 4.5 / sqrt(4.5 * 5)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(3 / math.sqrt(10), rel=1e-12)
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))  # a constant side has no order
 
 
 @pytest.fixture(scope="module")

@@ -142,11 +142,19 @@ def parse_fraction(text: str, what: str = "fraction", *, most: float = 1.0) -> f
     return value
 
 
+#: The longest count read from a list option, in digits (judgement: 10^18 GPUs or steps is beyond any request;
+#: Python refuses to read an integer past 4,300 digits).
+MAX_COUNT_DIGITS = 18
+
+
 def parse_int_list(text: str, what: str = "list", most: int | None = None) -> list[int]:
     """'64' -> [64]; '64,128,256' -> [...]; '64-512' -> doublings from 64 to 512; '64-1000' -> 64 ... 512 and 1000
     (the top end is always included); '64-512:64' -> step 64. Each count appears once. With `most`, more values
     than that are refused before any list is built (a stepped range can name billions)."""
     refuse_thousands_separators(text, what)
+    if (longest := max((len(digits) for digits in re.findall(r"\d+", text)), default=0)) > MAX_COUNT_DIGITS:
+        raise InputError(f"{what} {shorten(text)!r} holds a number of {longest:,} digits; a count has at most "
+                         f"{MAX_COUNT_DIGITS}")
     values: list[int] = []
     for part in text.split(","):
         part = part.strip()

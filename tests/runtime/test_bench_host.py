@@ -14,7 +14,7 @@ from _torchrun import torchrun_gpufleet  # noqa: F401  (puts tests/ on sys.path 
 
 from clirun import one_error_line, run_gpufleet
 from gpufleet.catalog.calibration_file import read_calibration_file
-from gpufleet.catalog.judgements import step_judgements
+from gpufleet.catalog.judgements import shipped_judgements
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.runtime.bench.host import OP_KINDS, bench_host
 
@@ -77,15 +77,15 @@ def test_plan_scales_the_moe_host_part_by_the_profile(tmp_path: Path) -> None:
     before, after = moe_host_by_layout(), moe_host_by_layout("--calibration", str(doubled))
     shared = set(before) & set(after)
     assert shared
-    model, judged = load_catalog().model("mixtral-8x7b"), step_judgements()
+    model, judged = load_catalog().model("mixtral-8x7b"), shipped_judgements()
     for label in shared:
         (seconds, layout, micro_batches), (doubled_s, _, _) = before[label], after[label]
         assert doubled_s == pytest.approx(2 * seconds, rel=1e-9)
         # by hand: micro-batches × MoE layers × forward kernels × (fwd + bwd + recomputed fwd) × s per kernel
-        forward = judged.moe_fixed_kernels_fwd.value + judged.moe_kernels_per_local_expert_fwd.value * (
+        forward = judged.moe_fixed_kernels_fwd + judged.moe_kernels_per_local_expert_fwd * (
             model.moe.experts / layout["ep"])
         recomputed = layout["recompute_layers"] / model.layers if layout["recompute"] == "full" else 0.0
-        passes = 1 + judged.moe_backward_kernel_ratio.value + recomputed
+        passes = 1 + judged.moe_backward_kernel_ratio + recomputed
         assert layout["pp"] == 1  # every layer is MoE in Mixtral: one stage holds all of them
         assert doubled_s == pytest.approx(micro_batches * model.layers * forward * passes * 2 * fitted, rel=1e-9)
 

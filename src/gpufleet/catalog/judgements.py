@@ -1,80 +1,161 @@
-"""The step model's judgement constants, as data (`judgements/step_model.yaml`): each value with why it was chosen.
+"""The model's judgement constants and fixed fits, as catalog data: each value with why it was chosen.
 
-These are neither catalog numbers with a published source nor recorded fits (`data/fits.yaml`): they are calls made
-by reasoning about kernels and frameworks, kept in one file so that they are visible, documented and checked on
-load. `step_judgements()` reads and validates the file once.
+Two catalog kinds feed one typed view, `Judgements`:
+
+* `judgements:` (`data/judgements.yaml`): numbers chosen by reasoning about kernels and frameworks, or shared
+  conventions with a cited source. A record whose value is a call says so: its `source` starts with "judgement".
+* `constant_fits:` (`data/fits.yaml`): constants of the model chosen by looking at measured data that are not
+  calibration fields (the memory allowance), each with the runs it was chosen on and its out-of-sample check.
+
+A user catalog file (`--catalog`, `$GPUFLEET_CATALOG`) overrides one by id, like any other record:
+`Catalog.judgements()` builds the view of that catalog. The model reads the view *in force* (`judgements()`): the
+one a command activated for its catalog (`cli.common.open_catalog`, `make_plan`, `using(...)`), else the shipped
+catalog's. It is a context variable, so an activation stays inside the command (or `with using(...)` block) that
+made it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
-from importlib import resources
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpufleet.errors import CatalogError
-from gpufleet.input_files import load_yaml
+from gpufleet.catalog.records import Record
+from gpufleet.errors import CatalogError, describe_validation_error
 
-_Strict = ConfigDict(frozen=True, extra="forbid")
+if TYPE_CHECKING:
+    from gpufleet.catalog.registry import Catalog
 
 
-class _Judged(BaseModel):
-    """A judgement constant's reason: `source` starts with "judgement"."""
+class JudgementRecord(Record):
+    """One judgement constant (`judgements:`): its value and why (`source`: "judgement: ..." or a citation)."""
 
-    model_config = _Strict
-    source: str = Field(min_length=3)
+    value: float
+
+
+class ConstantFit(Record):
+    """One constant of the model chosen by looking at measured data (`constant_fits:` in fits.yaml)."""
+
+    value: float
+    #: the measured data the value was chosen on (run or table-row ids)
+    chosen_on: tuple[str, ...] = Field(min_length=1)
+    #: what the error is on data the value was not chosen on (or why there is none)
+    out_of_sample: str = Field(min_length=3)
 
     @field_validator("source")
     @classmethod
-    def _says_judgement(cls, source: str) -> str:
-        if not source.startswith("judgement"):
-            raise ValueError("a judgement constant's source must start with 'judgement'")
+    def _says_fit(cls, source: str) -> str:
+        if not source.startswith("fit"):
+            raise ValueError("a constant fit's source must start with 'fit'")
         return source
 
 
-class JudgedFloat(_Judged):
-    value: float = Field(gt=0)
+class Judgements(BaseModel):
+    """The judgement constants and constant fits the model uses, by name (the record id with '_' for '-'),
+    each checked for range; `sources` keeps each one's reason."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # step model (perf/)
+    router_gemm_fraction: float = Field(gt=0, le=1)
+    cpu_adam_slowdown: float = Field(gt=0)
+    backward_forward_ratio: float = Field(gt=0)
+    ep_imbalance: float = Field(ge=1)
+    step_overhead_s: float = Field(ge=0)
+    moe_fixed_kernels_fwd: int = Field(ge=0)
+    moe_kernels_per_local_expert_fwd: int = Field(ge=0)
+    moe_backward_kernel_ratio: float = Field(gt=0)
+    elementwise_hidden_passes: int = Field(gt=0)
+    mla_alternate_matmul_share: float = Field(ge=0, le=1)
+    moe_alternate_matmul_share: float = Field(ge=0, le=1)
+    host_link_fraction: float = Field(gt=0, le=1)
+    # fabric
+    scale_up_step_latency_s: float = Field(ge=0)
+    # memory model (parallel/) and host memory (planner/)
+    optimizer_bytes_per_param: float = Field(ge=0)
+    dp_bucket_elements: float = Field(gt=0)
+    logits_bytes_per_element: float = Field(gt=0)
+    host_ram_usable_fraction: float = Field(gt=0, le=1)
+    # constant fits (fits.yaml constant_fits:)
+    memory_overhead_fixed_gib: float = Field(ge=0)
+    memory_overhead_fraction: float = Field(ge=0, lt=1)
+
+    sources: Mapping[str, str] = Field(default_factory=dict, repr=False)
+
+    @property
+    def memory_overhead_fixed_bytes(self) -> float:
+        return self.memory_overhead_fixed_gib * 2**30
 
 
-class JudgedFraction(_Judged):
-    value: float = Field(gt=0, le=1)
+def field_name(record_id: str) -> str:
+    return record_id.replace("-", "_")
 
 
-class JudgedInt(_Judged):
-    value: int = Field(gt=0)
-
-
-class StepJudgements(BaseModel):
-    """The step model's judgement constants (the YAML file documents each)."""
-
-    model_config = _Strict
-    router_gemm_fraction: JudgedFraction
-    cpu_adam_slowdown: JudgedFloat
-    backward_forward_ratio: JudgedFloat
-    ep_imbalance: JudgedFloat
-    step_overhead_s: JudgedFloat
-    moe_fixed_kernels_fwd: JudgedInt
-    moe_kernels_per_local_expert_fwd: JudgedInt
-    moe_backward_kernel_ratio: JudgedFloat
-
-
-def judgements_path() -> Path:
-    return Path(str(resources.files("gpufleet.catalog") / "judgements" / "step_model.yaml"))
-
-
-def load_step_judgements(path: Path) -> StepJudgements:
-    """Read and validate a judgements file; anything wrong is one CatalogError line."""
-    data = load_yaml(path, "judgements file", CatalogError)
+def build_judgements(records: Mapping[str, JudgementRecord | ConstantFit], origin: str,
+                     origins: Mapping[str, object] | None = None) -> Judgements:
+    """The typed view of `records` (by id); an id the model does not know, a missing one or a value out of range
+    is one CatalogError line naming it (and the file it came from, given `origins` by id)."""
+    known = set(Judgements.model_fields) - {"sources"}
+    values: dict[str, object] = {}
+    for record_id, record in records.items():
+        name = field_name(record_id)
+        if name not in known:
+            where = (origins or {}).get(record_id, origin)
+            raise CatalogError(f"{where}: judgement {record_id!r} is not one the model uses; known: "
+                               f"{', '.join(sorted(n.replace('_', '-') for n in known))}")
+        values[name] = record.value
+    missing = sorted(known - set(values))
+    if missing:
+        raise CatalogError(f"{origin}: judgement(s) {', '.join(m.replace('_', '-') for m in missing)} missing")
     try:
-        return StepJudgements.model_validate(data)
+        return Judgements.model_validate({**values, "sources": {field_name(i): r.source for i, r in records.items()}})
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise CatalogError(f"{path}: {where}: {first['msg']}") from error
+        raise CatalogError(f"{origin}: judgement {describe_validation_error(error)}") from error
+
+
+def catalog_judgements(catalog: Catalog) -> Judgements:
+    """`catalog`'s judgements: its `judgements:` and `constant_fits:` records (a user record overrides by id)."""
+    records: dict[str, JudgementRecord | ConstantFit] = {}
+    origins: dict[str, object] = {}
+    for kind in ("judgements", "constant_fits"):
+        for record_id, record in catalog.records(kind).items():
+            if isinstance(record, JudgementRecord | ConstantFit):
+                records[record_id] = record
+                origins[record_id] = f"catalog file {catalog.origin(kind, record_id)}"
+    return build_judgements(records, "catalog judgements", origins)
 
 
 @lru_cache(maxsize=1)
-def step_judgements() -> StepJudgements:
-    """The shipped judgement constants (read once)."""
-    return load_step_judgements(judgements_path())
+def shipped_judgements() -> Judgements:
+    """The built-in catalog's judgements (no user files)."""
+    from gpufleet.catalog.registry import Catalog
+
+    return catalog_judgements(Catalog(()))
+
+
+_IN_FORCE: ContextVar[Judgements | None] = ContextVar("gpufleet_judgements", default=None)
+
+
+def judgements() -> Judgements:
+    """The judgements in force: those activated for the command's catalog, else the shipped ones."""
+    active = _IN_FORCE.get()
+    return active if active is not None else shipped_judgements()
+
+
+def activate(active: Judgements) -> None:
+    """Put `active` in force for the rest of this context (a CLI command: its catalog's)."""
+    _IN_FORCE.set(active)
+
+
+@contextmanager
+def using(active: Judgements) -> Iterator[Judgements]:
+    """Put `active` in force inside the block (the Python API: `with using(catalog.judgements()): ...`)."""
+    token = _IN_FORCE.set(active)
+    try:
+        yield active
+    finally:
+        _IN_FORCE.reset(token)

@@ -133,6 +133,23 @@ class NetworkSpec(Record):
         return self.link_gbps * 1e9 / 8
 
 
+class RouterSpec(BaseModel):
+    """How the MoE router picks and weighs experts and balances their load, as the model was trained."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    topk_scaling: float | None = Field(default=None, gt=0, description="factor on the routed output")
+    groups: int | None = Field(default=None, ge=1, description="expert groups of group-limited routing")
+    group_topk: int | None = Field(default=None, ge=1, description="groups each token may use")
+    load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    aux_loss_coeff: float = Field(default=0.0, ge=0)
+    expert_bias: bool = Field(default=False, description="auxiliary-loss-free balancing: a per-expert score bias")
+    bias_update_rate: float | None = Field(default=None, gt=0, description="the expert bias's update speed")
+    capacity_factor: float | None = Field(default=None, gt=0, description="None: dropless (no token dropped)")
+    source: str = Field(min_length=3)
+
+
 class MoESpec(BaseModel):
     """Mixture-of-experts block: routed experts, top-k, shared experts, leading dense layers."""
 
@@ -143,6 +160,7 @@ class MoESpec(BaseModel):
     shared_experts: int = Field(default=0, ge=0)
     expert_ffn_hidden: int = Field(ge=1)
     dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
+    router: RouterSpec | None = None
 
     @model_validator(mode="after")
     def _top_k_within_experts(self) -> MoESpec:
@@ -161,6 +179,15 @@ class MLASpec(BaseModel):
     qk_nope_head_dim: int = Field(ge=1)
     qk_rope_head_dim: int = Field(ge=1)
     v_head_dim: int = Field(ge=1)
+
+
+class FieldSources(BaseModel):
+    """The source of each model value recorded outside the record's own `source` (one per value)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rope_base: str | None = Field(default=None, min_length=3)
+    norm_eps: str | None = Field(default=None, min_length=3)
 
 
 class ModelSpec(Record):
@@ -183,9 +210,18 @@ class ModelSpec(Record):
     learned_positions: int = Field(default=0, ge=0, description="rows of a learned position table (GPT-2/3)")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    rope_base: float | None = Field(default=None, gt=0, description="RoPE base (theta); None = not recorded")
+    norm_eps: float | None = Field(default=None, gt=0, description="epsilon of every norm; None = not recorded")
+    #: where each of rope_base and norm_eps comes from (one entry per value given)
+    field_sources: FieldSources = Field(default_factory=lambda: FieldSources())
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
+        for name in ("rope_base", "norm_eps"):
+            if getattr(self, name) is not None and getattr(self.field_sources, name) is None:
+                raise ValueError(f"{name} needs its source in field_sources")
+        if self.learned_positions and self.rope_base is not None:
+            raise ValueError("rope_base is for rotary positions, not a learned position table")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.ffn_hidden is None and (self.moe is None or self.moe.dense_layers > 0):

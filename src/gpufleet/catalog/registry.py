@@ -21,6 +21,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.economics_records import ECONOMICS_KINDS
 from gpufleet.catalog.fits import FitRecord, apply_fits
 from gpufleet.catalog.intervals import IntervalRecord
+from gpufleet.catalog.judgements import ConstantFit, JudgementRecord, Judgements, catalog_judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.stacks import StackRecord
 from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_error
@@ -38,6 +39,8 @@ KINDS: dict[str, type[Record]] = {
     "stacks": StackRecord,
     "fits": FitRecord,
     "intervals": IntervalRecord,
+    "judgements": JudgementRecord,
+    "constant_fits": ConstantFit,
     **ECONOMICS_KINDS,
 }
 
@@ -76,8 +79,8 @@ def _expand(paths: Iterable[Path]) -> list[Path]:
                 files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
             except OSError as error:
                 raise CatalogError(f"cannot list catalog folder {path}: {error.strerror}") from None
-        elif path.exists():
-            files.append(path)  # read_yaml refuses what is not a regular file (/dev/null, a named pipe) by name
+        elif os.path.lexists(path):
+            files.append(path)  # read_yaml refuses what is not a regular file (/dev/null, a named pipe, a link loop)
         else:
             raise CatalogError(f"catalog path {path} does not exist (give a YAML file or a folder of them)")
     return files
@@ -109,6 +112,7 @@ class Catalog:
     _origins: dict[tuple[str, str], Path] = field(default_factory=dict, repr=False)
     _empty_user_paths: list[Path] = field(default_factory=list, repr=False)
     _checked: bool = field(default=False, repr=False)
+    _judgements: Judgements | None = field(default=None, repr=False)
 
     def _raw_entries(self) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
         if self._raw is None:
@@ -181,6 +185,7 @@ class Catalog:
                     raise CatalogError(f"catalog file {path}: {kind} entry {record_id!r}: {what} names no "
                                        f"{_SINGULAR[target]} in the catalog; "
                                        f"known: {', '.join(sorted(known))}")
+        self.judgements()  # the typed view: an unknown id or a value out of range fails here too
         self._checked = True
         return [f"catalog {'folder' if path.is_dir() else 'file'} {path} adds nothing"
                 + (" (no .yaml or .yml files in it)" if path.is_dir() else " (empty)")
@@ -232,6 +237,17 @@ class Catalog:
     def interval_table(self, table_id: str = "leave-one-source-out") -> IntervalRecord:
         """The recorded prediction-interval table (`intervals:`; planner/intervals.py turns it into intervals)."""
         return self.get("intervals", table_id, IntervalRecord)
+    def judgements(self) -> Judgements:
+        """The model's judgement constants and constant fits (`judgements:`, `constant_fits:`; a user record
+        overrides one by id), checked for range (catalog.judgements)."""
+        if self._judgements is None:
+            self._judgements = catalog_judgements(self)
+        return self._judgements
+
+    def origin(self, kind: str, record_id: str) -> Path:
+        """The file a record came from."""
+        self.records(kind)
+        return self._origins[(kind, record_id)]
 
     def stack(self, name: str) -> StackRecord:
         """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""

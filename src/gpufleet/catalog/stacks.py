@@ -67,13 +67,31 @@ class SourcedSharding(Sourced[Literal["none", "zero1", "zero2", "zero3", "fsdp",
     pass
 
 
+class SourcedShardings(Sourced[tuple[Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"], ...]]):
+    pass
+
+
+class SourcedPrecisions(Sourced[tuple[Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"], ...]]):
+    pass
+
+
+#: The framework files gpufleet writes (`gpufleet launch --target`), one per stack that has a writer.
+LaunchTarget = Literal["megatron", "deepspeed", "torchtitan"]
+
+
+class SourcedTarget(Sourced[LaunchTarget]):
+    pass
+
+
 class StackSettings(BaseModel):
     """What a stack runs with where it differs from gpufleet's (Megatron-LM's) defaults; unset keeps the default.
 
     Step and memory behaviours apply to `plan --stack` and `validate` alike; the *layout defaults*
     (`sharding`, `sequence_parallel`, `expert_tp`, `micro_batches_per_pp_stage`) say what the stack does when a
     run leaves a field null, and fill only a run's null fields in `validate`; the *features* (`vpps`,
-    `activation_offload`, `context_parallel`, `sequence_parallel: false`) narrow the layouts both may choose."""
+    `activation_offload`, `context_parallel`, `sequence_parallel: false`, `shardings`, `pp_shardings`,
+    `expert_parallel`, `partial_recompute`) narrow the layouts both may choose; `precisions` bounds the job and
+    `launch_target` names the framework files `gpufleet launch` writes for a plan of this stack."""
 
     model_config = _Strict
     attention_kernel: SourcedKernel | None = None
@@ -99,6 +117,17 @@ class StackSettings(BaseModel):
     vpps: SourcedInts | None = None
     activation_offload: SourcedBool | None = None
     context_parallel: SourcedBool | None = None
+    #: the sharding kinds the framework can express, and those it can combine with pipeline parallelism
+    shardings: SourcedShardings | None = None
+    pp_shardings: SourcedShardings | None = None
+    #: expert parallelism (MoE experts spread over ranks) from the framework's own configuration
+    expert_parallel: SourcedBool | None = None
+    #: full recompute of only some layers of each chunk (Megatron's block recompute)
+    partial_recompute: SourcedBool | None = None
+    #: the training precisions the framework runs
+    precisions: SourcedPrecisions | None = None
+    #: the files `gpufleet launch` writes for this stack (None: a published run's framework, no writer)
+    launch_target: SourcedTarget | None = None
 
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.

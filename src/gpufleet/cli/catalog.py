@@ -13,6 +13,7 @@ from rich.table import Table
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.fits import FitRecord
 from gpufleet.catalog.intervals import IntervalRecord
+from gpufleet.catalog.judgements import ConstantFit, JudgementRecord
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
 from gpufleet.catalog.registry import KINDS, as_plain
 from gpufleet.catalog.stacks import StackRecord
@@ -49,6 +50,10 @@ def _summary(record: Record) -> str:
         return f"{record.level:.0%} intervals from {len(record.residuals)} runs ({record.built}): {bands}"
     if isinstance(record, StackRecord):
         return f"{record.name}: {len(record.stated())} documented settings"
+    if isinstance(record, ConstantFit):
+        return f"fitted {record.value:g} on {len(record.chosen_on)} measurements"
+    if isinstance(record, JudgementRecord):
+        return f"{record.value:g} ({'judgement' if record.source.startswith('judgement') else 'cited'})"
     return getattr(record, "name", "") or ""
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from gpufleet.catalog.judgements import activate
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.errors import InputError
 
@@ -45,6 +46,7 @@ def open_catalog(paths: list[Path] | None) -> Catalog:
     if catalog.user_paths:
         for note in catalog.check():
             sys.stderr.write(f"warning: {note}\n")
+    activate(catalog.judgements())  # the model's judgement constants are this catalog's for the rest of the command
     return catalog
 
 

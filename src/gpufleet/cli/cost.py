@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -36,26 +35,18 @@ SINGLE_PLAN_HINT = "run `gpufleet plan` with a single --gpus N (no --deadline) a
 def read_plan(path: Path) -> PlannedRun:
     """The best plan of a single-count `gpufleet plan --json` file (a sweep over GPU counts is refused)."""
     from gpufleet.input_files import load_json
+    from gpufleet.planfile import read_plan_file
 
     data = load_json(path, "plan file", f"--plan takes a `gpufleet plan --json` output: {SINGLE_PLAN_HINT}")
-    if isinstance(data, dict) and isinstance(data.get("sweep"), list):
-        counts = ", ".join(str(row.get("gpus")) for row in data["sweep"] if isinstance(row, dict))
+    saved = read_plan_file(data, str(path))
+    if saved.sweep is not None:
+        counts = ", ".join(str(row.gpus) for row in saved.sweep)
         raise InputError(f"{path} is a scaling sweep (`gpufleet plan` over several GPU counts or with --deadline: "
                          f"{counts}); --plan prices one plan: {SINGLE_PLAN_HINT}")
-    try:
-        cluster = data["cluster"]
-        best = data["plans"][0]
-        gpus = int(cluster["gpus"])
-        seconds = float(best["time_to_train_s"])
-        gpu = str(cluster["gpu"])
-        node = cluster.get("node")
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
-        raise InputError(f"{path} is not a `gpufleet plan --json` output (needs cluster.gpus, cluster.gpu and "
-                         f"plans[0].time_to_train_s): {SINGLE_PLAN_HINT}") from error
-    if gpus < 1 or not (seconds > 0 and math.isfinite(seconds)):
-        raise InputError(f"{path} has cluster.gpus {gpus} and plans[0].time_to_train_s {seconds:g}; a plan needs "
-                         "at least one GPU and a positive, finite time-to-train")
-    return PlannedRun(gpus * seconds / 3600.0, gpu, gpus, str(node) if node else None)
+    if saved.cluster is None or not saved.plans:
+        raise InputError(f"{path} holds no plan to price (the search found none): {SINGLE_PLAN_HINT}")
+    cluster, seconds = saved.cluster, saved.plans[0].time_to_train_s
+    return PlannedRun(cluster.gpus * seconds / 3600.0, cluster.gpu, cluster.gpus, cluster.node)
 
 
 def register(app: typer.Typer) -> None:

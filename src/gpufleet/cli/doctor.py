@@ -25,25 +25,15 @@ NCCL_LOG_HELP = """Read an NCCL_DEBUG=INFO log: the transport of every connectio
 P2P, SHM), GPUDirect RDMA, rings/trees/NVLS, the interfaces chosen, PyTorch watchdog timeouts; each finding with an
 id and what to change. Exit 1 when a finding is an error (tcp-fallback, watchdog-timeout, ...).
 
+The log is streamed: a regular file only (a pipe, a device or /proc/kmsg is refused unread), lines
+past 8 KiB cut, at most 4 GiB (filter a bigger one with grep -E ' NCCL |Watchdog').
+
 Examples:
 
     NCCL_DEBUG=INFO torchrun ... 2>&1 | tee run.log ;  gpufleet doctor nccl-log run.log
 
     gpufleet doctor nccl-log run.log --json | jq '.findings[].id'
 """
-
-
-def _read_text(path: Path) -> str:
-    """A log's text; one line when it cannot be read."""
-    if path.is_dir():
-        raise InputError(f"{path} is a folder; give the log file (NCCL_DEBUG=INFO output)")
-    if path.exists() and not path.is_file():  # a named pipe or a device would be read forever
-        raise InputError(f"{path} is not a regular file; give the log file (NCCL_DEBUG=INFO output)")
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
-    return data.decode("utf-8", errors="replace")
 
 
 def _finding_rows(findings: tuple[Finding, ...]) -> list[dict[str, Any]]:
@@ -111,13 +101,14 @@ def _failed_message(what: str, failed: list[dict[str, Any]]) -> str:
 
 
 def nccl_log_command(
-    file: Path = typer.Argument(..., help="An NCCL_DEBUG=INFO log (stdout/stderr of the job)."),
+    file: Path = typer.Argument(..., help="An NCCL_DEBUG=INFO log (stdout/stderr of the job): a regular file, "
+                                "streamed, at most 4 GiB."),
     json_out: bool = JsonOption,
 ) -> None:
-    from gpufleet.runtime.doctor.nccl_log import read_nccl_log
+    from gpufleet.runtime.doctor.nccl_log import read_nccl_log_file
 
     out = Output(json_mode=json_out)
-    report = read_nccl_log(_read_text(file), source=str(file))
+    report = read_nccl_log_file(file)
     data = _nccl_log_data(file, report)
     failed = [row for row in data["findings"] if row["severity"] == "error"]
     if failed:

@@ -12,6 +12,18 @@ from rich.console import Console
 
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
+from gpufleet.catalog.stacks import LaunchTarget
+from gpufleet.cli._layout_flags import (
+    CpOption,
+    EpOption,
+    EtpOption,
+    MicroBatchOption,
+    PpOption,
+    RecomputeOption,
+    ShardingOption,
+    TpOption,
+    VppOption,
+)
 from gpufleet.cli.common import CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.cli.plan import (
@@ -41,10 +53,14 @@ from gpufleet.cli.plan import (
     plan_request,
     plan_with_spinner,
 )
+from gpufleet.emit.within_target import framework_target, left_out, stack_for_target
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
+from gpufleet.planfile import read_plan_file
 from gpufleet.planner.model_terms import ModelTerms
-from gpufleet.planner.plan import PlanRequest
+from gpufleet.planner.pins import LayoutPins, parse_pins
+from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
+from gpufleet.planner.search import SearchSpace
 from gpufleet.units import parse_int_list
 
 
@@ -57,24 +73,25 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tuple[WorkloadOptions, int, str]:
     """The options that reproduce a `plan --json` file's request, its GPU count and its plan #rank's layout label."""
-    version = data.get("gpufleet_version")
-    if version != __version__:
-        raise InputError(f"--plan {path} was written by gpufleet {version or 'of an unknown version'}, this is "
+    saved = read_plan_file(data, f"--plan {path}")
+    if saved.gpufleet_version != __version__:
+        raise InputError(f"--plan {path} was written by gpufleet {saved.gpufleet_version}, this is "
                          f"{__version__}: re-run `gpufleet plan --json` with this version")
-    sites = data.get("request", {}).get("sites", 1) if isinstance(data.get("request"), dict) else 1
-    if sites != 1:
-        raise InputError(f"--plan {path} is a plan over {sites} sites; launch writes one site's files only")
+    if saved.request.get("sites", 1) != 1:
+        raise InputError(f"--plan {path} is a plan over {saved.request.get('sites')} sites; launch writes one site's "
+                         "files only")
+    if saved.job is None or saved.cluster is None:
+        raise InputError(f"--plan {path} is a sweep over GPU counts: launch takes a plan of one count")
+    if not 1 <= rank <= len(saved.plans or []):
+        raise InputError(f"--rank {rank} is beyond the plans in {path}: choose 1-{len(saved.plans or [])}")
+    label = saved.plan(rank, f"--plan {path}").layout.label
+    job, cluster, framework, ranking = saved.job, saved.cluster, saved.framework, saved.ranking
     try:
-        job, cluster, framework = data["job"], data["cluster"], data["framework"]
-        ranking, plans = data.get("ranking", {}), data["plans"]
-        if not 1 <= rank <= len(plans):
-            raise InputError(f"--rank {rank} is beyond the plans in {path}: choose 1-{len(plans)}")
-        label = plans[rank - 1]["layout"]["label"]
         given = WorkloadOptions(
-            model=job["model"], tokens=repr(float(job["tokens"])), gpu=cluster["gpu"], node=cluster["node"],
-            fabric=cluster["network"], topology=cluster["topology"],
-            oversubscription=f"{float(cluster['oversubscription'])!r}:1", seq=int(job["seq_len"]),
-            global_batch=int(job["global_batch"]), precision=job["precision"],
+            model=job.model, tokens=repr(float(job.tokens)), gpu=cluster.gpu, node=cluster.node,
+            fabric=cluster.network, topology=cluster.topology,
+            oversubscription=f"{float(cluster.oversubscription)!r}:1", seq=job.seq_len,
+            global_batch=job.global_batch, precision=job.precision,
             rank_by=ranking.get("rank_by", "time"), fabric_model=ranking.get("fabric_model", "analytical"),
             overlap_tp=framework["tp_comm_overlap"], dtensor_tp=not framework["tp_async_backward"],
             overlap_ep=framework["ep_comm_overlap"], ep_dispatch=framework["ep_dispatch"],
@@ -82,8 +99,9 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
             stack=framework["stack"],
             terms=ModelTerms(float(framework.get("straggler_sigma", 0.0)), framework.get("straggler_scope", "job"),
                              float(framework.get("overlap_slowdown", 0.0)), framework.get("fsdp2_copies")),
-            overlap_dp=framework.get("dp_overlap"))
-        return given, int(cluster["gpus"]), str(label)
+            overlap_dp=framework.get("dp_overlap"),
+            pins=LayoutPins.from_saved(saved.request.get("pins", {}), f"--plan {path}: request.pins"))
+        return given, cluster.gpus, label
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(f"--plan {path} is not a `gpufleet plan --json` file (missing or bad {error})") from error
 
@@ -99,8 +117,9 @@ def _request(cat: Catalog, given: WorkloadOptions, gpus: str, plan_file: Path | 
         return plan_request(cat, given, counts[0], max(rank, 5)), None
     data = _read_json(plan_file, "--plan")
     from_file, count, label = _options_from_plan_file(plan_file, data, rank)
-    request = plan_request(cat, from_file, count, max(rank, len(data["plans"])))
-    if framework_to_dict(request) != data["framework"]:
+    saved = read_plan_file(data, f"--plan {plan_file}")
+    request = plan_request(cat, from_file, count, max(rank, len(saved.plans or [])))
+    if framework_to_dict(request) != saved.framework:
         raise InputError(f"--plan {plan_file}: its framework settings are not this version's: re-run "
                          "`gpufleet plan --json`")
     return request, label
@@ -143,6 +162,24 @@ def _render_targets(out: Output, spec: Any, targets: list[str], explicit: set[st
     return by_target
 
 
+def _within_target(cat: Catalog, given: WorkloadOptions, named: list[str],
+                   plan_file: Path | None) -> tuple[WorkloadOptions, LaunchTarget | None]:
+    """With one framework target and no plan file: the options with that target's stack (emit/within_target.py)."""
+    target = framework_target(named)
+    if target is None or plan_file is not None:
+        return given, None
+    return replace(given, stack=stack_for_target(cat, target, given.stack)), target
+
+
+def _note_left_out(out: Output, cat: Catalog, target: LaunchTarget, request: PlanRequest,
+                   result: PlanResult) -> None:
+    """Warn what the best plan of any framework would have gained, when the target cannot run it."""
+    overall = make_plan(replace(request, stack=None, search_space=SearchSpace(), top=1), cat)
+    missed = left_out(target, result, overall)
+    if missed is not None:
+        out.warn(missed.sentence(target))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("launch")
     def launch(
@@ -169,6 +206,10 @@ def register(app: typer.Typer) -> None:
         overlap_dp: bool | None = OverlapDpOption,
         ep_dispatch: str | None = EpDispatchOption, selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption, stack: str | None = StackOption,
+        tp: str | None = TpOption, pp: str | None = PpOption, vpp: str | None = VppOption,
+        cp: str | None = CpOption, ep: str | None = EpOption, etp: str | None = EtpOption,
+        micro_batch: str | None = MicroBatchOption, sharding: str | None = ShardingOption,
+        recompute: str | None = RecomputeOption,
         catalog: list[Path] = CatalogOption,
         json: bool = JsonOption,
     ) -> None:
@@ -179,6 +220,9 @@ def register(app: typer.Typer) -> None:
         * `gpufleet launch -m llama3-70b -t 15T -n 1024 --target megatron --target slurm --out run/`
         * `gpufleet plan -m llama3-8b -n 64 --json > plan.json` then
           `gpufleet launch --plan plan.json --rank 2 --target all --out run/`
+        * `gpufleet launch -m llama3-70b -n 64 --target deepspeed --out D/` — the best plan DeepSpeed can run, and
+          what the best plan of any framework would gain
+        * `gpufleet launch -m llama3-70b -n 256 --tp 8 --pp 4 --target megatron --out run/` — your own layout
         * `gpufleet launch --check ds_config.json --gpus 2048` — is an existing config consistent?
         * `gpufleet launch --check fsdp_config.py` — FSDP keywords against PyTorch's own signature (the file is
           read, never run)
@@ -192,7 +236,8 @@ def register(app: typer.Typer) -> None:
         cat = open_catalog(catalog)
         given = WorkloadOptions(model, tokens, gpu, node, fabric, topology, oversubscription, seq, global_batch,
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
-                                selective_policy, eager, stack, overlap_dp=overlap_dp)
+                                selective_policy, eager, stack, overlap_dp=overlap_dp,
+                                pins=parse_pins(tp, pp, vpp, cp, ep, etp, micro_batch, sharding, recompute))
         named = {name for name in ctx.params
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         if check:
@@ -209,8 +254,11 @@ def register(app: typer.Typer) -> None:
         if plan_file is not None and plan_options:
             flags = ", ".join(sorted("--" + name.replace("_", "-") for name in plan_options))
             raise InputError(f"--plan takes the workload and cluster from the file: drop {flags}")
+        given, target_only = _within_target(cat, given, list(target or []), plan_file)
         request, promised = _request(cat, given, gpus, plan_file, rank)
         result = plan_with_spinner(out, request, cat)
+        if target_only is not None:
+            _note_left_out(out, cat, target_only, request, result)
         if result.economics_error is not None:
             out.warn(f"no checkpoint interval from the reliability model ({result.economics_error}); saving every "
                      "1000 steps")

@@ -7,6 +7,7 @@ becomes one line on stderr with exit code 2.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import math
@@ -177,6 +178,23 @@ def _command_path(command: Any, args: list[str]) -> str:
     return " ".join(path)
 
 
+#: The file-system errors that say a name the user gave is unusable (too long, a link loop): input, not a crash.
+_NAME_ERRORS = (errno.ENAMETOOLONG, errno.ELOOP)
+#: Python's words when it refuses to read an integer of more than sys.get_int_max_str_digits() digits.
+_INT_DIGITS_LIMIT = "for integer string conversion"
+
+
+def _bad_name_message(error: OSError) -> str:
+    """One line for a name the file system refuses, the name shortened to its two ends and its length."""
+    name = shorten(str(error.filename)) if error.filename is not None else "a path given"
+    if error.errno == errno.ELOOP:
+        return f"the path {name} is a symbolic link loop (a link that leads back to itself): point it elsewhere"
+    longest = max((len(part.encode(errors="surrogateescape")) for part in str(error.filename or "").split("/")),
+                  default=0)
+    return (f"the path {name} is too long for the file system: a name has at most 255 bytes (this one has "
+            f"{longest:,}) and a path at most 4,096")
+
+
 def run(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
@@ -209,6 +227,15 @@ def run(argv: list[str] | None = None) -> None:
         raise SystemExit(error.exit_code) from None
     except typer.Abort:
         fail("aborted", 130)
+    except OSError as error:
+        if error.errno not in _NAME_ERRORS:
+            raise
+        fail(_quoting_shortened(_bad_name_message(error), args), EXIT_USAGE)
+    except ValueError as error:
+        if _INT_DIGITS_LIMIT not in str(error):
+            raise
+        fail(f"a number given has more than {sys.get_int_max_str_digits():,} digits; no count or size needs that "
+             "many", EXIT_USAGE)
     except MemoryError:  # the up-front size checks should make this rare: still one line, never a traceback
         fail("ran out of memory: the request is too large for this machine; ask for fewer GPUs or a smaller size",
              EXIT_USAGE)

@@ -25,7 +25,7 @@ from gpufleet.parallel.layout import (
 )
 from gpufleet.parallel.memory import TRAINING_PRECISIONS, MemoryBreakdown, memory_per_stage
 from gpufleet.planner.published_runs import framework_options
-from gpufleet.planner.search import HOST_RAM_USABLE_FRACTION, host_memory_bytes, host_memory_fits
+from gpufleet.planner.search import host_memory_bytes, host_memory_fits, host_ram_usable_fraction
 
 GIB = 2**30
 _KINDS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
@@ -211,7 +211,7 @@ def register(app: typer.Typer) -> None:
                 console.print(
                     f"pinned host memory (offloaded tensors): {data['host_bytes_per_node'] / GIB:,.1f} GiB per "
                     f"{node.id} node of {gpus_per_node} GPUs; usable: {data['host_budget_bytes_per_node'] / GIB:,.0f}"
-                    f" GiB ({HOST_RAM_USABLE_FRACTION:.0%} of its {node.cpu_ram_gib:g} GiB RAM)"
+                    f" GiB ({host_ram_usable_fraction():.0%} of its {node.cpu_ram_gib:g} GiB RAM)"
                 )
 
         if not host_fits:

@@ -14,6 +14,17 @@ from rich.table import Table
 
 from gpufleet.catalog.records import Precision
 from gpufleet.catalog.registry import Catalog
+from gpufleet.cli._layout_flags import (
+    CpOption,
+    EpOption,
+    EtpOption,
+    MicroBatchOption,
+    PpOption,
+    RecomputeOption,
+    ShardingOption,
+    TpOption,
+    VppOption,
+)
 from gpufleet.cli.common import (
     MAX_SWEEP_COUNTS,
     CalibrationOption,
@@ -30,6 +41,7 @@ from gpufleet.fabric.topology import TOPOLOGY_KINDS, TopologyKind
 from gpufleet.parallel.layout import SELECTIVE_POLICIES, expert_parallel_degrees
 from gpufleet.parallel.memory import TRAINING_PRECISIONS
 from gpufleet.planner.model_terms import ModelTerms, parse_model_terms
+from gpufleet.planner.pins import LayoutPins, parse_pins
 from gpufleet.planner.plan import (
     Plan,
     PlanRequest,
@@ -39,9 +51,10 @@ from gpufleet.planner.plan import (
     make_plan,
     pipeline_warning,
 )
-from gpufleet.planner.published_runs import framework_options, stack_search_space
+from gpufleet.planner.published_runs import framework_options
 from gpufleet.planner.search import SearchSpace
 from gpufleet.planner.sites import sites_fields
+from gpufleet.planner.stack import stack_search_space
 from gpufleet.report.plots import check_output_path, write_series_plot
 from gpufleet.report.saved import saved_header
 from gpufleet.units import parse_count, parse_duration_s, parse_int_list, parse_ratio
@@ -149,6 +162,7 @@ class WorkloadOptions:
     stack: str | None
     terms: ModelTerms = field(default_factory=ModelTerms)  # --stragglers, --overlap-contention, --fsdp2-copies
     overlap_dp: bool | None = None  # --overlap-dp/--no-overlap-dp (None: not given)
+    pins: LayoutPins = field(default_factory=LayoutPins)  # --tp, --pp, ... (planner/pins.py)
 
 
 def check_workload_options(given: WorkloadOptions) -> None:
@@ -181,7 +195,7 @@ def plan_request(cat: Catalog, given: WorkloadOptions, gpus: int, top: int) -> P
                        oversubscription=parse_ratio(given.oversubscription, "--oversubscription"), seq_len=given.seq,
                        global_batch=given.global_batch, precision=cast(Precision, given.precision),
                        top=top, rank_by=cast(RankBy, given.rank_by),
-                       fabric_model=cast(Literal["analytical", "sim"], given.fabric_model),
+                       fabric_model=cast(Literal["analytical", "sim"], given.fabric_model), pins=given.pins,
                        **framework_fields(cat, given.stack, given.overlap_tp, given.dtensor_tp, given.overlap_ep,
                                           given.ep_dispatch, given.selective_policy, given.eager, given.terms,
                                           given.overlap_dp))
@@ -459,6 +473,10 @@ def register(app: typer.Typer) -> None:
         selective_policy: str | None = SelectivePolicyOption,
         eager: bool = EagerOption,
         stack: str | None = StackOption,
+        tp: str | None = TpOption, pp: str | None = PpOption, vpp: str | None = VppOption,
+        cp: str | None = CpOption, ep: str | None = EpOption, etp: str | None = EtpOption,
+        micro_batch: str | None = MicroBatchOption, sharding: str | None = ShardingOption,
+        recompute: str | None = RecomputeOption,
         stragglers: str | None = StragglersOption,
         straggler_scope: str = StragglerScopeOption,
         overlap_contention: str | None = OverlapContentionOption,
@@ -482,6 +500,9 @@ def register(app: typer.Typer) -> None:
         * `gpufleet plan -m llama3-70b -t 15T -g h100-sxm -n 1024 --explain 1`
         * `gpufleet plan -m llama3-70b -t 2T -n 256-4096 --deadline 30d` — smallest cluster that meets it.
         * `gpufleet plan -m llama3-70b -n 2048 --sites 2 --wan-gbps 200 --wan-latency 5ms --explain 1` — two sites.
+        * `gpufleet plan -m llama3-70b -n 256 --stack megatron-bridge --tp 4 --pp 8 --vpp 1-4` — price your own layout
+          (pin a field to a value, a list or a range; a pinned field overrides the stack's default).
+        * `gpufleet plan -m llama3-70b -n 64 --stack deepspeed` — only what DeepSpeed can run.
         """
         out = Output(json)
         cat = open_catalog(with_calibration(catalog, calibration))
@@ -489,7 +510,7 @@ def register(app: typer.Typer) -> None:
                                 precision, rank_by, fabric_model, overlap_tp, dtensor_tp, overlap_ep, ep_dispatch,
                                 selective_policy, eager, stack,
                                 parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies),
-                                overlap_dp)
+                                overlap_dp, parse_pins(tp, pp, vpp, cp, ep, etp, micro_batch, sharding, recompute))
         check_workload_options(given)
         if budget is not None and budget <= 0:
             raise InputError(f"--budget must be positive, got {budget}")

@@ -25,6 +25,13 @@ def reliability_defaults(catalog: Catalog, flags: Mapping[str, str] | None = Non
     return with_overrides(catalog.get("reliability_defaults", DEFAULT_ID, ReliabilityDefaults), flags, **overrides)
 
 
+def checkpoint_bytes_per_param(catalog: Catalog) -> float:
+    """Bytes a checkpoint holds per parameter: the catalog's one definition (reliability_defaults: the weights'
+    bytes + the optimizer's), which `plan`, its figures and `reliability` all use."""
+    defaults = reliability_defaults(catalog)
+    return defaults.weight_bytes_per_param + defaults.optimizer_bytes_per_param
+
+
 def with_overrides(record: R, flags: Mapping[str, str] | None = None, **overrides: Any) -> R:
     """A copy of `record` with some fields replaced, validated like a catalog entry (None = keep).
 

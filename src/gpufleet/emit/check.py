@@ -69,6 +69,16 @@ def _gpu_count(files: list[ReadConfig], gpus: int | None, report: CheckReport) -
     return gpus if gpus is not None else (implied[0][0] if implied else None)
 
 
+def _refuse_degrees_below_one(files: list[ReadConfig]) -> None:
+    """A parallel degree is a count of GPUs: one below 1 (tp -8, pp 0) is not a layout to check but a file to fix,
+    refused in one line naming the file and the degree."""
+    for item in files:
+        for degree, value in item.degrees.items():
+            if value < 1:
+                raise InputError(f"{item.path.name}: {degree} is {value}; a parallel degree is a whole number of at "
+                                 "least 1")
+
+
 def _check_degrees(degrees: dict[str, int], gpus: int | None, report: CheckReport) -> int | None:
     """The data-parallel size: stated, or what the GPU count leaves; a product that misses the count is a problem."""
     model_parallel = degrees.get("tp", 1) * degrees.get("pp", 1) * degrees.get("cp", 1)
@@ -158,6 +168,7 @@ def _torchtitan_dims(files: list[ReadConfig], gpus: int | None, report: CheckRep
 def check_files(catalog: Catalog, paths: list[Path], model: str | None, gpu: str, gpus: int | None) -> CheckReport:
     """Read every file, then check them together; `model` (a catalog id) adds memory fit, step time and MFU."""
     files = [read_file(path) for path in paths]
+    _refuse_degrees_below_one(files)
     report = CheckReport(files, gpus)
     for item in files:
         report.problems += item.problems
@@ -173,18 +184,31 @@ def check_files(catalog: Catalog, paths: list[Path], model: str | None, gpu: str
         report.notes.append("memory, step time and MFU not estimated: give --model")
     elif not report.problems and report.gpus is not None and dp is not None:
         report.expected = _expected(catalog, files, degrees, dp, model, gpu, report)
+    _startup_rules(files, dp, report)
     return report
+
+
+def _startup_rules(files: list[ReadConfig], dp: int | None, report: CheckReport) -> None:
+    """What the framework refuses at start-up (the layout itself, priced above, is well defined)."""
+    from gpufleet.emit.megatron_rules import batch_rules
+
+    for item in files:
+        report.problems += item.startup_problems
+        if item.kind == "megatron" and isinstance(item.framework_config, dict) and dp is not None:
+            report.problems += batch_rules(item.path.name, item.framework_config, dp)
 
 
 def _expected(catalog: Catalog, files: list[ReadConfig], degrees: dict[str, int], dp: int, model_id: str, gpu_id: str,
               report: CheckReport) -> dict[str, Any] | None:
     """Memory per GPU and step time of the layout the files describe, through gpufleet's model."""
     from gpufleet.emit.expected import expected_step
+    from gpufleet.planner.stack import TARGET_STACKS
 
     first = {attr: next((getattr(f, attr) for f in files if getattr(f, attr) is not None), None)
              for attr in ("micro_batch", "global_batch", "seq_len", "sharding", "recompute", "precision")}
+    stack = next((TARGET_STACKS[kind] for kind in (f.kind for f in files) if kind in TARGET_STACKS), None)
     try:
-        return expected_step(catalog, model_id, gpu_id, report.gpus or 0, degrees, dp, first)
+        return expected_step(catalog, model_id, gpu_id, report.gpus or 0, degrees, dp, first, stack)
     except (LayoutError, GpufleetError) as error:
         report.problems.append(f"the layout does not hold for {model_id}: {error}")
         return None

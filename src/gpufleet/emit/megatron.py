@@ -6,10 +6,12 @@ megatron-core's TransformerConfig fields, which is how the tests check them (see
 
 from __future__ import annotations
 
+from gpufleet.catalog.records import RouterSpec
 from gpufleet.emit.spec import EmittedFile, LaunchSpec, TargetCannotExpress
 from gpufleet.parallel.layout import expert_parallel_degrees
 
 ARGS_FILE = "megatron/pretrain_gpt.args"
+ENV_FILE = "megatron/megatron.env"
 #: Placeholder learning rate so the list runs as is (judgement: a common pre-training peak; set your own).
 PLACEHOLDER_LR = 3.0e-4
 #: Megatron-LM's FP8 recipe for FP8 GEMMs: E4M3 forward, E5M2 gradients ("hybrid"), delayed scaling (its default).
@@ -26,12 +28,12 @@ def _model_args(spec: LaunchSpec) -> list[str]:
         args.append(f"--kv-channels={model.head_dim}")
     if model.kv_heads != model.heads:
         args += ["--group-query-attention", f"--num-query-groups={model.kv_heads}"]
-    if model.learned_positions:
-        args += ["--position-embedding-type=learned_absolute",
-                 f"--max-position-embeddings={max(model.learned_positions, spec.job.seq_len)}"]
-    else:
-        args += ["--position-embedding-type=rope", f"--max-position-embeddings={spec.job.seq_len}"]
+    args += _position_args(spec) + _mla_args(spec) + _rope_fusion_args(spec)
     args.append("--normalization=RMSNorm" if model.norm == "rmsnorm" else "--normalization=LayerNorm")
+    if model.norm_eps is not None:
+        args.append(f"--norm-epsilon={model.norm_eps:g}")
+    # the plan counts no dropout masks, and the catalog's models train without dropout (Megatron's default is 0.1)
+    args += ["--attention-dropout=0.0", "--hidden-dropout=0.0"]
     if model.gated_mlp:
         args.append("--swiglu")
     if not model.tied_embeddings:
@@ -49,6 +51,58 @@ def _model_args(spec: LaunchSpec) -> list[str]:
     return args
 
 
+def _position_args(spec: LaunchSpec) -> list[str]:
+    model = spec.job.model
+    if model.learned_positions:
+        return ["--position-embedding-type=learned_absolute",
+                f"--max-position-embeddings={max(model.learned_positions, spec.job.seq_len)}"]
+    args = ["--position-embedding-type=rope", f"--max-position-embeddings={spec.job.seq_len}"]
+    if model.rope_base is not None:
+        if model.rope_base != int(model.rope_base):
+            raise TargetCannotExpress("megatron", f"RoPE base {model.rope_base:g} (--rotary-base takes an integer)",
+                                      [])
+        args.append(f"--rotary-base={int(model.rope_base)}")
+    return args
+
+
+def _mla_args(spec: LaunchSpec) -> list[str]:
+    """Multi-latent attention with the catalog's ranks and head dimensions. Plain RoPE (--rope-type=rope):
+    Megatron's MLA otherwise defaults to YaRN scaling (factor 40), which the catalog's model does not record."""
+    mla = spec.job.model.mla
+    if mla is None:
+        return []
+    return ["--multi-latent-attention", f"--q-lora-rank={mla.q_lora_rank}", f"--kv-lora-rank={mla.kv_lora_rank}",
+            f"--qk-head-dim={mla.qk_nope_head_dim}", f"--qk-pos-emb-head-dim={mla.qk_rope_head_dim}",
+            f"--v-head-dim={mla.v_head_dim}", "--rope-type=rope"]
+
+
+def _rope_fusion_args(spec: LaunchSpec) -> list[str]:
+    """Megatron's fused RoPE kernel takes MLA only with YaRN (MLATransformerConfig, megatron-core 0.16.1): plain RoPE
+    under MLA runs unfused."""
+    return ["--no-rope-fusion"] if spec.job.model.mla is not None else []
+
+
+def _router_args(router: RouterSpec | None) -> list[str]:
+    """The router as trained; without a record, Megatron's defaults (softmax, no balancing loss). Capacity:
+    dropless unless the record gives a capacity factor."""
+    if router is None:
+        return []
+    args = [f"--moe-router-score-function={router.score_function}",
+            f"--moe-router-load-balancing-type={router.load_balancing}",
+            f"--moe-aux-loss-coeff={router.aux_loss_coeff:g}"]
+    if router.topk_scaling is not None:
+        args.append(f"--moe-router-topk-scaling-factor={router.topk_scaling:g}")
+    if router.groups is not None and router.group_topk is not None:
+        args += [f"--moe-router-num-groups={router.groups}", f"--moe-router-group-topk={router.group_topk}"]
+    if router.expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+        if router.bias_update_rate is not None:
+            args.append(f"--moe-router-bias-update-rate={router.bias_update_rate:g}")
+    if router.capacity_factor is not None:
+        args.append(f"--moe-expert-capacity-factor={router.capacity_factor:g}")
+    return args
+
+
 def _moe_args(spec: LaunchSpec) -> list[str]:
     moe = spec.job.model.moe
     if moe is None:
@@ -58,6 +112,7 @@ def _moe_args(spec: LaunchSpec) -> list[str]:
             f"--moe-ffn-hidden-size={moe.expert_ffn_hidden}", "--moe-grouped-gemm",
             f"--expert-model-parallel-size={spec.layout.ep}", f"--expert-tensor-parallel-size={etp}",
             "--moe-token-dispatcher-type=" + ("flex" if spec.options.ep_dispatch == "dedup" else "alltoall")]
+    args += _router_args(moe.router)
     if moe.shared_experts:
         args.append(f"--moe-shared-expert-intermediate-size={moe.shared_experts * moe.expert_ffn_hidden}")
     if moe.dense_layers:
@@ -83,7 +138,8 @@ def _parallel_args(spec: LaunchSpec) -> list[str]:
         args.append("--use-distributed-optimizer")
     elif layout.sharding in ("zero2", "zero3", "fsdp"):
         strategy = "optim_grads" if layout.sharding == "zero2" else "optim_grads_params"
-        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy={strategy}"]
+        # Megatron FSDP saves only the fsdp_dtensor checkpoint format (validate_args, Megatron-LM core_v0.16.1)
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy={strategy}", "--ckpt-format=fsdp_dtensor"]
     if spec.options.dp_overlap and layout.dp > 1:
         args.append("--overlap-grad-reduce")
         if layout.sharding != "none":
@@ -105,7 +161,8 @@ def _memory_args(spec: LaunchSpec) -> list[str]:
     if layout.offload_optimizer:
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
     if layout.offload_activation_layers:
-        args += ["--cpu-offloading", f"--cpu-offloading-num-layers={layout.offload_activation_layers}"]
+        # the count is the flag: Megatron sets its cpu_offloading from it (--cpu-offloading is no command-line flag)
+        args.append(f"--cpu-offloading-num-layers={layout.offload_activation_layers}")
     return args
 
 
@@ -128,11 +185,34 @@ def megatron_args(spec: LaunchSpec) -> list[str]:
     return [*_model_args(spec), *_parallel_args(spec), *_memory_args(spec), *_training_args(spec)]
 
 
+def megatron_environment(spec: LaunchSpec) -> dict[str, str]:
+    """What Megatron-LM asks of the environment for this layout: on GPUs before Blackwell, tensor or context
+    parallelism without FSDP needs CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue, so communication kernels
+    start in issue order; Blackwell does not need it and runs with it), and Megatron FSDP refuses it (validate_args,
+    Megatron-LM core_v0.16.1 and main)."""
+    layout = spec.layout
+    fsdp = layout.sharding in ("zero2", "zero3", "fsdp")
+    if (layout.tp > 1 or layout.cp > 1) and not fsdp:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def _env_file(spec: LaunchSpec) -> str:
+    lines = ["# Environment Megatron-LM requires for this layout (set it before pretrain_gpt.py; see docs/launch.md)"]
+    lines += [f"{name}={value}" for name, value in megatron_environment(spec).items()]
+    return "\n".join(lines) + "\n"
+
+
 class MegatronEmitter:
     name = "megatron"
 
     def render(self, spec: LaunchSpec) -> list[EmittedFile]:
-        return [EmittedFile(ARGS_FILE, "\n".join(megatron_args(spec)) + "\n")]
+        files = [EmittedFile(ARGS_FILE, "\n".join(megatron_args(spec)) + "\n")]
+        return [*files, EmittedFile(ENV_FILE, _env_file(spec))] if megatron_environment(spec) else files
+
+    def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        """Variables the start command sets before torchrun (megatron.env holds the same)."""
+        return megatron_environment(spec)
 
     def entrypoint(self, spec: LaunchSpec, out_dir: str) -> tuple[str, ...]:
         """The program and arguments torchrun starts on each node (pretrain_gpt.py from Megatron-LM's checkout,

@@ -43,6 +43,8 @@ class ReadConfig:
     tasks_per_node: int | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: rules the framework enforces at start-up that the file breaks (the layout it states can still be priced)
+    startup_problems: list[str] = field(default_factory=list)
     #: the framework's own parsed config object, where its parser ran (torchtitan's Trainer.Config)
     framework_config: Any = None
 
@@ -223,9 +225,10 @@ def read_file(path: Path) -> ReadConfig:
         return read_fsdp.read(path, read_fsdp_file.load(path, text))
     if kind == "deepspeed":
         try:
-            data = json.loads(text)
+            json.loads(text)
         except ValueError as error:
             raise InputError(f"{path} is not valid JSON: {error}") from error
+        data = input_files.parse_json(text, path, "DeepSpeed config")  # its bounds: no key twice, no huge integer
         if not isinstance(data, dict):
             raise InputError(f"{path} is not a JSON object")
         return read_deepspeed.read(path, data)

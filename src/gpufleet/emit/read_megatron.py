@@ -14,6 +14,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from gpufleet.emit.megatron_rules import NOT_FLAGS, file_rules
 from gpufleet.emit.read import ReadConfig, _silenced, one_line
 from gpufleet.extras import require_extra
 
@@ -138,8 +139,11 @@ def read(path: Path, tokens: list[str]) -> ReadConfig:
         found.problems.append(f"{path.name}: no --flags found")
         return found
     _stated(found, args)
+    found.framework_config = args
+    found.startup_problems += file_rules(path.name, args)
     fields = megatron_core_fields()
-    unknown = sorted(f"--{key.replace('_', '-')}" for key in args if key not in fields | TRAINING_FLAGS)
+    known = fields | TRAINING_FLAGS | set(NOT_FLAGS)  # the non-flags are problems already (file_rules)
+    unknown = sorted(f"--{key.replace('_', '-')}" for key in args if key not in known)
     if unknown:
         found.notes.append(f"flags neither megatron-core config fields nor known training flags (Megatron-LM's own "
                            f"parser is not on PyPI to ask): {', '.join(unknown)}")

@@ -25,6 +25,9 @@ def start_command(by_target: dict[str, list[EmittedFile]], out_dir: Path, spec: 
             entry = getattr(emitter(target), "entrypoint", None)
             words = entry(spec, str(out_dir)) if callable(entry) else ()
             program = " ".join(shlex.quote(word) for word in words)
-            return (f"torchrun --nnodes={spec.nodes} --nproc-per-node={spec.gpus_per_node} --rdzv-backend=c10d "
+            environment = getattr(emitter(target), "environment", None)
+            variables = environment(spec) if callable(environment) else {}
+            prefix = "".join(f"{name}={shlex.quote(value)} " for name, value in variables.items())
+            return (f"{prefix}torchrun --nnodes={spec.nodes} --nproc-per-node={spec.gpus_per_node} --rdzv-backend=c10d "
                     f"--rdzv-endpoint=$MASTER_ADDR:{RENDEZVOUS_PORT} {program}").rstrip()
     return None

@@ -42,9 +42,6 @@ from gpufleet.fabric.topology import Cluster
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv"]
 OPS: tuple[Op, ...] = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv")
 
-#: Per-step latency of a scale-up (NVLink) transfer. Judgement: NCCL's tuning model uses 0.6–3.4 µs
-#: per NVLink step by protocol; cuda-samples measure 1.8–2.3 µs GPU-to-GPU (hardware_facts: latency).
-SCALE_UP_STEP_LATENCY_S = 2.0e-6
 #: Switch hops a message crosses between two leaves of a two-tier fabric (leaf-spine-leaf).
 CROSS_LEAF_HOPS = 3
 
@@ -190,7 +187,7 @@ def modeled_cost(op: Op, message_bytes: float, span: GroupSpan, cluster: Cluster
     network_bw = slowdown = 1.0
     if span.intra_node:
         bus_bw = scale_up_bw
-        alpha = SCALE_UP_STEP_LATENCY_S
+        alpha = cluster.scale_up_step_latency_s  # a catalog judgement
         link = f"{cluster.scale_up.kind} scale-up ({bus_bw / 1e9:.0f} GB/s bus)"
     else:
         nic_bw = cluster.nic_bytes_per_s_per_gpu

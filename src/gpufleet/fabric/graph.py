@@ -446,14 +446,8 @@ def _add_cluster(b: _Builder, cluster: Cluster, gpu_base: int, node_base: int) -
         endpoint_latency_s=np.full(count, network.endpoint_latency_s), edge_up=edge_up, edge_down=edge_down,
         mesh_edge=mesh_edge, edge_gpu_nic=edge_gpu_nic, edge_nic_gpu=edge_nic_gpu, nic_vertices=nic_vertices,
         nic_leaf=nic_leaf, edge_nic_leaf=edge_nic_leaf, edge_leaf_nic=edge_leaf_nic, top_switches=top,
-        scale_up_latency_s=_scale_up_latency(),
+        scale_up_latency_s=cluster.scale_up_step_latency_s,
     )
-
-
-def _scale_up_latency() -> float:
-    from gpufleet.fabric.collectives import SCALE_UP_STEP_LATENCY_S
-
-    return SCALE_UP_STEP_LATENCY_S
 
 
 def _spread(b: _Builder, lower: IntArray, up_counts: IntArray, upper: IntArray, cap: float, hop: float,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
 from gpufleet.catalog.calibration import MeasuredCollective
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import GPUSpec, NetworkSpec, NodeSpec, ScaleUp
 from gpufleet.errors import InputError
 
@@ -100,6 +101,9 @@ class Cluster:
     fabric: Fabric
     #: measured collectives of this cluster (a calibration profile's `collectives`); collective_cost applies them
     collective_calibration: tuple[MeasuredCollective, ...] = ()
+    #: per-step latency of a scale-up transfer (the catalog judgement scale-up-step-latency-s in force when the
+    #: cluster is made); a field, so that every cache keyed on the cluster sees it
+    scale_up_step_latency_s: float = field(default_factory=lambda: judgements().scale_up_step_latency_s)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.parallel.layout import Layout, Recompute, SelectivePolicy, expert_routed_tokens
 
@@ -49,10 +50,6 @@ from gpufleet.parallel.layout import Layout, Recompute, SelectivePolicy, expert_
 ACT_BYTES = 2.0
 #: bytes per fp32 element (flash-attention log-sum-exp, router probabilities, fp32 softmax of the logits)
 FP32_BYTES = 4.0
-#: bytes held per logit element on the last stage: Megatron's fused vocab-parallel cross entropy keeps the
-#: fp32 softmax (4) for backward and the bf16 logits (2) exist while it runs; frameworks that upcast
-#: unfused (torchtitan's eager `cross_entropy(logits.float())`) hold ~10-12 bytes per element instead.
-LOGITS_BYTES_PER_ELEMENT = 6.0
 #: bytes per token id kept for the embedding backward (int64)
 TOKEN_ID_BYTES = 8.0
 #: bytes per element of a GEMM input saved in fp8 for the weight-gradient GEMM (Transformer Engine)
@@ -277,9 +274,12 @@ def output_activation_bytes(
     *,
     seq_len: int,
     micro_batch: int,
-    logits_bytes_per_element: float = LOGITS_BYTES_PER_ELEMENT,
+    logits_bytes_per_element: float | None = None,
 ) -> float:
-    """Last stage, one micro-batch: final-norm input, output-layer input, logits (vocab-parallel, /t)."""
+    """Last stage, one micro-batch: final-norm input, output-layer input, logits (vocab-parallel, /t); bytes held
+    per logit element: the catalog judgement logits-bytes-per-element unless given."""
+    if logits_bytes_per_element is None:
+        logits_bytes_per_element = judgements().logits_bytes_per_element
     tokens = seq_len * micro_batch / layout.cp
     sp = layout.sequence_parallel and layout.tp > 1
     hidden = 2 * ACT_BYTES * model.hidden * tokens / (layout.tp if sp else 1)

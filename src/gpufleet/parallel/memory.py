@@ -28,15 +28,15 @@ Conventions (docs/memory.md has the full list with sources):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.errors import InputError
 from gpufleet.parallel.activations import (
     ACT_BYTES,
-    LOGITS_BYTES_PER_ELEMENT,
     LayerActivationTerms,
     embedding_activation_bytes,
     inflight_microbatches,
@@ -66,13 +66,16 @@ GIB = 2**30
 class MemoryAssumptions:
     """Judgement calls of the memory model, gathered so that callers and tests can vary them.
 
-    The overhead allowance is calibrated against torchtitan's published peak memory (docs/memory.md):
-    a fixed part for the CUDA context, cuBLAS/cuDNN workspaces and NCCL's internal buffers, and a
-    fraction of everything else for caching-allocator fragmentation.
+    The numeric defaults are catalog data (catalog/judgements.py: `data/judgements.yaml`, and the overhead
+    allowance, a recorded fit on torchtitan's published peak memory, in `data/fits.yaml` `constant_fits:`): a
+    fixed part for the CUDA context, cuBLAS/cuDNN workspaces and NCCL's internal buffers, and a fraction of
+    everything else for caching-allocator fragmentation. They are read when an instance is made, from the
+    judgements in force (a `--catalog` file may override them).
     """
 
     grad_dtype: GradDtype = "fp32"
-    optimizer_bytes_per_param: float = 12.0  # fp32 master + Adam m + v
+    #: fp32 master + Adam m + v (catalog judgement optimizer-bytes-per-param)
+    optimizer_bytes_per_param: float = field(default_factory=lambda: judgements().optimizer_bytes_per_param)
     #: PyTorch FSDP2 (torchtitan, NeMo AutoModel): the sharded fp32 parameter *is* the master copy and the bf16
     #: weights exist only while a layer is gathered, so a parameter costs 4 + grads + 8 (Adam m, v) at rest
     fp32_params: bool = False
@@ -84,12 +87,14 @@ class MemoryAssumptions:
     tp_gathered_inputs: bool = False
     flash_attention: bool = True
     dropout: bool = False
-    logits_bytes_per_element: float = LOGITS_BYTES_PER_ELEMENT  # 6 fused (Megatron); ~12 unfused fp32 upcast
-    dp_bucket_elements: float = (
-        40e6  # Megatron DDP's bucket size (elements) for grad reduce-scatter/all-reduce
-    )
-    overhead_fixed_bytes: float = 1.5 * GIB
-    overhead_fraction: float = 0.10
+    #: 6 fused (Megatron); ~12 unfused fp32 upcast (catalog judgement logits-bytes-per-element)
+    logits_bytes_per_element: float = field(default_factory=lambda: judgements().logits_bytes_per_element)
+    #: Megatron DDP's bucket size (elements) for grad reduce-scatter/all-reduce; the step model prices one
+    #: collective per bucket of the same size (catalog judgement dp-bucket-elements)
+    dp_bucket_elements: float = field(default_factory=lambda: judgements().dp_bucket_elements)
+    #: the overhead allowance (catalog constant fits memory-overhead-fixed-gib and memory-overhead-fraction)
+    overhead_fixed_bytes: float = field(default_factory=lambda: judgements().memory_overhead_fixed_bytes)
+    overhead_fraction: float = field(default_factory=lambda: judgements().memory_overhead_fraction)
 
     @property
     def grad_bytes(self) -> float:
@@ -101,9 +106,6 @@ class MemoryAssumptions:
         done in fp32"), except that fp16 training reduces its fp16 gradients before the optimizer copies them
         into fp32 master gradients (which `grad_bytes` counts)."""
         return 2.0 if precision == "fp16" else self.grad_bytes
-
-
-DEFAULT_ASSUMPTIONS = MemoryAssumptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,12 +257,12 @@ class JobMemory:
     """
 
     def __init__(self, model: ModelSpec, *, seq_len: int, global_batch: int, precision: str,
-                 assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> None:
+                 assumptions: MemoryAssumptions | None = None) -> None:
         self.model = model
         self.seq_len = seq_len
         self.global_batch = global_batch
         self.precision = precision
-        self.assumptions = assumptions
+        self.assumptions = assumptions or MemoryAssumptions()  # the judgements in force
         self._c = _constants(model)
         self._params: dict[tuple[object, ...], dict[int, _StageParameters]] = {}
         self._activations: dict[tuple[object, ...], tuple[dict[int, tuple[float, float]], float]] = {}
@@ -503,7 +505,7 @@ def stage_memory(
     global_batch: int,
     precision: str,
     stage: int,
-    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+    assumptions: MemoryAssumptions | None = None,
 ) -> MemoryBreakdown:
     """Bytes per GPU on pipeline rank `stage` (0-based). Does not validate the layout (the callers do)."""
     return JobMemory(model, seq_len=seq_len, global_batch=global_batch, precision=precision,
@@ -522,7 +524,7 @@ def memory_per_stage(
     seq_len: int,
     global_batch: int,
     precision: str,
-    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+    assumptions: MemoryAssumptions | None = None,
 ) -> list[MemoryBreakdown]:
     """The breakdown of every pipeline stage (validates the layout first; raises LayoutError/InputError)."""
     _validated(model, layout, seq_len, global_batch, precision)
@@ -547,7 +549,7 @@ def peak_stage_memory(
     seq_len: int,
     global_batch: int,
     precision: str,
-    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+    assumptions: MemoryAssumptions | None = None,
 ) -> tuple[int, MemoryBreakdown]:
     """(stage, breakdown) of the stage that needs the most memory per GPU: the one that decides fit."""
     _validated(model, layout, seq_len, global_batch, precision)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import step_judgements
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, MoESpec, Precision
 from gpufleet.parallel.layout import Layout, SelectivePolicy, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
@@ -21,10 +21,6 @@ from gpufleet.workload.params import attention_params
 
 #: bf16 activations
 ACTIVATION_BYTES = 2
-#: Element-wise traffic per token per layer in the forward pass, in units of `hidden` elements read
-#: or written: two norms (read+write 2·2h), two residual adds (3h each), rotary/bias on q,k (~2h).
-#: Backward moves about twice that. Judgement, documented in docs/model.md.
-ELEMENTWISE_HIDDEN_PASSES = 12
 #: Element-wise passes over the MLP intermediate: gated (read gate and up, write product) 3, plain 2.
 ELEMENTWISE_FFN_PASSES_GATED = 3
 ELEMENTWISE_FFN_PASSES_PLAIN = 2
@@ -229,9 +225,10 @@ def _attention_projections(shape: _LayerShape) -> _Gemms:
                       alternate_flops=2 * tokens * h * (kv_width / 2 + q_width) / tp, qkv_s=qkv_s)
     gemm_s = shape.gemm(tokens, attention_params(model) / (h * tp), h)
     gemm_flops = 2 * tokens * attention_params(model) / tp
-    # MLA: the down/up projections before attention, about half; its alternate matmuls, half (judgement)
-    return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=gemm_s / 2, alternate_flops=gemm_flops / 2,
-                  qkv_s=gemm_s / 2)
+    # MLA: the down/up projections before attention and its alternate matmuls, a judged share (catalog)
+    share = judgements().mla_alternate_matmul_share
+    return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=gemm_s * share, alternate_flops=gemm_flops * share,
+                  qkv_s=gemm_s * share)
 
 
 def _moe_mlp(shape: _LayerShape, moe: MoESpec, before: _Gemms) -> _Gemms:
@@ -256,12 +253,13 @@ def _moe_mlp(shape: _LayerShape, moe: MoESpec, before: _Gemms) -> _Gemms:
         gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
     router_flops = 2 * tokens * h * moe.experts
     gemm_s += router_flops / (shape.attn_peak * shape.calibration.gemm_fraction_16bit
-                              * step_judgements().router_gemm_fraction.value)
+                              * judgements().router_gemm_fraction)
     gemm_flops += router_flops
     # The experts' and router's matmuls alternate too; which land on the even counts depends on the
-    # implementation: half of their time (judgement).
-    return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=before.alternate_s + (gemm_s - before.s) / 2,
-                  alternate_flops=before.alternate_flops + (gemm_flops - before.flops) / 2, qkv_s=before.qkv_s,
+    # implementation: a judged share of their time (catalog).
+    share = judgements().moe_alternate_matmul_share
+    return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=before.alternate_s + (gemm_s - before.s) * share,
+                  alternate_flops=before.alternate_flops + (gemm_flops - before.flops) * share, qkv_s=before.qkv_s,
                   up_s=up_s, ffn_width=moe.top_k * f + moe.shared_experts * f)
 
 
@@ -304,7 +302,7 @@ def _elementwise_elements(shape: _LayerShape, ffn_width: float, moe: bool, fused
     model, layout, tokens, tp, h = shape.model, shape.layout, shape.tokens, shape.layout.tp, shape.model.hidden
     hidden_share = h / tp if layout.sequence_parallel else h
     ffn_passes = ELEMENTWISE_FFN_PASSES_GATED if model.gated_mlp else ELEMENTWISE_FFN_PASSES_PLAIN
-    elements = tokens * (ELEMENTWISE_HIDDEN_PASSES * hidden_share + ffn_passes * ffn_width / tp)
+    elements = tokens * (judgements().elementwise_hidden_passes * hidden_share + ffn_passes * ffn_width / tp)
     if moe and model.moe is not None:
         elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
     if not fused_elementwise:

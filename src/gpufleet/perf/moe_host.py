@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.catalog.judgements import step_judgements
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step_context import StepContext
@@ -24,10 +24,10 @@ def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recom
     `recomputed` share of layers, the forward again."""
     if model.moe is None:
         return 0.0
-    judged = step_judgements()  # kernels per MoE layer, counted from Megatron-Core's and TE's code paths
+    judged = judgements()  # kernels per MoE layer, counted from Megatron-Core's and TE's code paths
     local_experts = model.moe.experts / layout.ep
-    forward = judged.moe_fixed_kernels_fwd.value + judged.moe_kernels_per_local_expert_fwd.value * local_experts
-    passes = 1.0 + judged.moe_backward_kernel_ratio.value + recomputed
+    forward = judged.moe_fixed_kernels_fwd + judged.moe_kernels_per_local_expert_fwd * local_experts
+    passes = 1.0 + judged.moe_backward_kernel_ratio + recomputed
     return forward * passes * host_s_per_kernel
 
 

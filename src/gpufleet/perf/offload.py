@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
+from gpufleet.catalog.judgements import judgements
 from gpufleet.errors import InputError
 from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.perf.layer_comm import LayerComm
 from gpufleet.perf.step_context import Layers, StepContext
-
-#: Share of the GPU-to-CPU link's line rate that pinned-memory copies reach (judgement: cudaMemcpy over PCIe Gen5
-#: x16 moves ~50-55 of 64 GB/s).
-HOST_LINK_FRACTION = 0.8
 
 
 def activation_offload(ctx: StepContext, layers: Layers) -> LayerComm:
@@ -24,7 +21,8 @@ def activation_offload(ctx: StepContext, layers: Layers) -> LayerComm:
     if link_gbytes is None:
         raise InputError(f"{cluster.gpu.id} has no host link (host_link_gbytes_per_s) in the catalog; activation "
                          "offloading needs it")
-    bandwidth = link_gbytes * 1e9 * HOST_LINK_FRACTION
+    fraction = judgements().host_link_fraction  # pinned-memory copies' share of line rate (catalog judgement)
+    bandwidth = link_gbytes * 1e9 * fraction
     model = job.model
     moe_from = ctx.moe_from
     exposed = hidden = 0.0
@@ -40,4 +38,4 @@ def activation_offload(ctx: StepContext, layers: Layers) -> LayerComm:
         shown = max(0.0, copy_s - compute.forward_s) + max(0.0, copy_s - compute.backward_s)
         exposed += count * share * shown
         hidden += count * share * (2 * copy_s - shown)
-    return LayerComm(exposed, hidden, f"host link {link_gbytes:g} GB/s x {HOST_LINK_FRACTION:g}")
+    return LayerComm(exposed, hidden, f"host link {link_gbytes:g} GB/s x {fraction:g}")

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import step_judgements
+from gpufleet.catalog.judgements import judgements
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees, stage_layer_split
-from gpufleet.parallel.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
+from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.comm_cost import chunked_s as _chunked_s
 from gpufleet.perf.comm_cost import overlap as _overlap
 from gpufleet.perf.compute import ACTIVATION_BYTES, CROSS_ENTROPY_BYTES_PER_LOGIT, logits_compute_s
@@ -42,8 +42,6 @@ from gpufleet.workload.params import embedding_params, layer_params, output_para
 __all__ = ["Part", "StepEstimate", "StepOptions", "estimate_step", "expected_destinations", "run_time_s",
            "stage_parameters"]
 
-#: Megatron DDP's gradient bucket (elements); each bucket is one collective with its own latency.
-DP_BUCKET_ELEMENTS = 40e6
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
 #: bf16 weight write (2).
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -63,12 +61,13 @@ class StepOptions:
     #: 40 fused or PyTorch's)
     loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
-    #: slowest expert rank / mean under top-k routing (a judgement: catalog/judgements/step_model.yaml)
-    ep_imbalance: float = field(default_factory=lambda: step_judgements().ep_imbalance.value)
-    #: data loading, logging, launch gaps per step (a judgement: catalog/judgements/step_model.yaml)
-    step_overhead_s: float = field(default_factory=lambda: step_judgements().step_overhead_s.value)
+    #: slowest expert rank / mean under top-k routing (a judgement: catalog data/judgements.yaml)
+    ep_imbalance: float = field(default_factory=lambda: judgements().ep_imbalance)
+    #: data loading, logging, launch gaps per step (a judgement: catalog data/judgements.yaml)
+    step_overhead_s: float = field(default_factory=lambda: judgements().step_overhead_s)
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
-    memory: MemoryAssumptions = DEFAULT_ASSUMPTIONS  # what the framework keeps in memory (gradient dtype, ...)
+    #: what the framework keeps in memory (gradient dtype, ...; its numbers from the judgements in force)
+    memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
     #: norms, rotary and the gated activation run as fused kernels (Transformer Engine, Apex, torch.compile);
     #: False: eager PyTorch, one kernel per op and an fp32 RMSNorm (torchtitan without --training.compile)
@@ -170,13 +169,15 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
 
     FSDP/ZeRO-3 gather and reduce one transformer block at a time, every micro-batch (reshard after
     forward, no gradient-accumulation no_sync); DDP and the distributed optimizer reduce once per step
-    in buckets of DP_BUCKET_ELEMENTS, overlapping the last micro-batch's backward (the parameter
+    in buckets of `options.memory.dp_bucket_elements` (the memory model's bucket), overlapping the last
+    micro-batch's backward (the parameter
     all-gather overlaps the next step's first forward). Each collective pays its own latency.
     """
     if layout.dp * layout.cp <= 1:
         return _DataParallelComm(0.0, 0.0, "")
     sharded = layout.sharding in ("zero3", "fsdp", "hsdp")
-    units = stage_layers if sharded else math.ceil(params.dense / DP_BUCKET_ELEMENTS)
+    bucket = options.memory.dp_bucket_elements
+    units = stage_layers if sharded else math.ceil(params.dense / bucket)
     reduce_op: Op = "all-reduce" if layout.sharding == "none" else "reduce-scatter"
     reduce_s, link = _chunked_s(reduce_op, params.dense * grad_wire_bytes, units, "dp_cp", layout, cluster, options)
     gather_s = 0.0
@@ -184,7 +185,7 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
         gather_s, _ = _chunked_s("all-gather", params.dense * ACTIVATION_BYTES, units, "dp_cp", layout, cluster,
                                  options)
     if params.expert and expert_parallel_degrees(layout)[1] > 1:
-        expert_units = stage_layers if sharded else math.ceil(params.expert / DP_BUCKET_ELEMENTS)
+        expert_units = stage_layers if sharded else math.ceil(params.expert / bucket)
         more, _ = _chunked_s(reduce_op, params.expert * grad_wire_bytes, expert_units, "edp", layout, cluster,
                              options)
         reduce_s += more
@@ -192,7 +193,7 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
             more, _ = _chunked_s("all-gather", params.expert * ACTIVATION_BYTES, expert_units, "edp", layout,
                                  cluster, options)
             gather_s += more
-    ratio = step_judgements().backward_forward_ratio.value  # forward : backward compute = 1 : ratio
+    ratio = judgements().backward_forward_ratio  # forward : backward compute = 1 : ratio
     forward_window = compute_per_micro_batch_s / (1 + ratio)
     backward_window = compute_per_micro_batch_s * ratio / (1 + ratio)
     granules = max(stage_layers, 1)
@@ -222,7 +223,7 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     seconds = local_params * calibration.optimizer_seconds_per_param(
         OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction))
     if layout.offload_optimizer:
-        seconds *= step_judgements().cpu_adam_slowdown.value  # CPU Adam over host memory
+        seconds *= judgements().cpu_adam_slowdown  # CPU Adam over host memory
     return seconds
 
 

@@ -10,7 +10,7 @@ Two ways to split a job over `sites` sites (TP, CP and EP always stay inside one
   are one model replica's gradients, tp copies of the replicated norms included. Bytes on each link, each way,
   per step: bus_factor(all-reduce, sites) x that replica's gradient bytes; with two sites, one replica's
   gradients each way at once (the link is full duplex). It goes in the same buckets as the in-site reduction
-  (perf/step.py's DP_BUCKET_ELEMENTS, or one transformer block when sharded), each paying the ring's latency
+  (the memory model's `dp_bucket_elements`, or one transformer block when sharded), each paying the ring's latency
   steps, and it overlaps the last micro-batch's backward only as far as perf/step.py's data-parallel rule lets
   the reduction overlap: the backward share of that micro-batch's compute, less what the in-site reduction
   already hides there, and never the last granule.
@@ -38,7 +38,7 @@ from gpufleet.fabric.topology import Cluster
 from gpufleet.fabric.wan import WanLink, wan_collective_cost
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees
 from gpufleet.perf.compute import ACTIVATION_BYTES
-from gpufleet.perf.step import DP_BUCKET_ELEMENTS, Part, StepEstimate, StepOptions, stage_parameters
+from gpufleet.perf.step import Part, StepEstimate, StepOptions, stage_parameters
 from gpufleet.units import format_bytes
 from gpufleet.workload.job import Job
 
@@ -72,9 +72,10 @@ class WanShare:
         return self.total_s - self.exposed_s if self.across == "dp" else 0.0
 
 
-def replica_gradient_bytes(job: Job, site_layout: Layout, grad_bytes: float) -> tuple[float, int]:
+def replica_gradient_bytes(job: Job, site_layout: Layout, grad_bytes: float, bucket_elements: float
+                           ) -> tuple[float, int]:
     """(gradient bytes a site's ranks hold after their in-site reduction, summed: one replica's; the most buckets
-    one rank sends them in)."""
+    of `bucket_elements` one rank sends them in)."""
     _, edp = expert_parallel_degrees(site_layout)
     ranks_per_stage = site_layout.tp * site_layout.cp * site_layout.dp
     stage_layers = math.ceil(job.model.layers / site_layout.pp)
@@ -84,9 +85,9 @@ def replica_gradient_bytes(job: Job, site_layout: Layout, grad_bytes: float) -> 
     for stage in range(site_layout.pp):
         params = stage_parameters(job, site_layout, stage)
         total += (site_layout.tp * params.dense + ranks_per_stage * params.expert / edp) * grad_bytes
-        dense_units = stage_layers if sharded else math.ceil(params.dense / DP_BUCKET_ELEMENTS)
+        dense_units = stage_layers if sharded else math.ceil(params.dense / bucket_elements)
         expert_units = 0 if not params.expert else stage_layers if sharded else math.ceil(
-            params.expert / DP_BUCKET_ELEMENTS)
+            params.expert / bucket_elements)
         units = max(units, dense_units + expert_units)
     return total, max(units, 1)
 
@@ -110,7 +111,8 @@ def dp_across_sites(site_step: StepEstimate, job: Job, site_layout: Layout, site
     """The cross-site all-reduce after each site's own step (`site_step`: `site_layout` on one site's `site`
     cluster with 1/sites of the batch)."""
     grad_bytes = options.memory.reduced_grad_bytes(job.precision)
-    replica_bytes, buckets = replica_gradient_bytes(job, site_layout, grad_bytes)
+    replica_bytes, buckets = replica_gradient_bytes(job, site_layout, grad_bytes,
+                                                     options.memory.dp_bucket_elements)
     ranks = site.gpus
     bucket = wan_collective_cost("all-reduce", replica_bytes / ranks / buckets, sites, ranks, link, site)
     total_s = buckets * bucket.time_s

@@ -4,9 +4,9 @@ measured step).
 
 A plain PyTorch FSDP2 training loop, as the planner's request: data parallel over every rank with the parameters
 fully sharded (`fully_shard`), no TP, PP or CP, no recompute, eager element-wise ops (no fused kernels), PyTorch's
-cross-entropy (40 bytes per logit: perf.compute). `overlap` says whether FSDP2's collectives run under compute: on
-GPUs NCCL runs on its own SMs and FSDP2 prefetches, while on a CPU the same cores run gloo and the GEMMs (a
-judgement about the host, not a fit).
+cross-entropy (the bytes per logit the catalog's torchtitan stack states for it). `overlap` says whether FSDP2's
+collectives run under compute: on GPUs NCCL runs on its own SMs and FSDP2 prefetches, while on a CPU the same
+cores run gloo and the GEMMs (a judgement about the host, not a fit).
 """
 
 from __future__ import annotations
@@ -17,12 +17,26 @@ from gpufleet.perf.step import StepEstimate, StepOptions
 from gpufleet.planner.plan import PlanRequest, make_plan
 from gpufleet.planner.search import SearchSpace
 
+#: the catalog stack whose `loss_bytes_per_logit` is PyTorch's own cross_entropy on upcast logits
+PYTORCH_LOSS_STACK = "torchtitan"
+
+
+def pytorch_loss_bytes_per_logit(catalog: Catalog) -> float:
+    """HBM bytes per logit of PyTorch's cross_entropy, as the catalog's torchtitan stack states it (with its
+    source)."""
+    value = catalog.stack(PYTORCH_LOSS_STACK).value("loss_bytes_per_logit")
+    if value is None:
+        raise InputError(f"the catalog's {PYTORCH_LOSS_STACK} stack states no loss_bytes_per_logit; a plain PyTorch "
+                         "job is priced with it")
+    return float(value)
+
 
 def eager_fsdp_step(catalog: Catalog, model: str, gpu: str, node: str, ranks: int, seq_len: int,
                     micro_batch: int, overlap: bool) -> StepEstimate:
     """The step of `model` trained as a plain PyTorch FSDP2 job on `ranks` GPUs of `node`, `micro_batch`
     sequences of `seq_len` per rank and step (module docstring)."""
-    options = StepOptions(dp_overlap=overlap, fused_elementwise=False, loss_bytes_per_logit=40.0)
+    options = StepOptions(dp_overlap=overlap, fused_elementwise=False,
+                          loss_bytes_per_logit=pytorch_loss_bytes_per_logit(catalog))
     space = SearchSpace(micro_batches=(micro_batch,), shardings=("fsdp",), recomputes=("none",), vpps=(1,),
                         cps=(1,), max_tp=1, partial_recompute=False, activation_offload=False)
     request = PlanRequest(model=model, tokens=1e9, gpu=gpu, gpus=ranks, node=node, seq_len=seq_len,

@@ -9,25 +9,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
+from gpufleet.catalog.judgements import using
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
+from gpufleet.economics.defaults import checkpoint_bytes_per_param
 from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
-from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
+from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
+from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
+from gpufleet.planner.stack import check_stack_precision, stack_layout_defaults, stack_search_space
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params
 
 RankBy = Literal["time", "cost"]
 
-#: Checkpoint = bf16 weights + fp32 master weights + Adam m and v: 2 + 4 + 4 + 4 bytes per parameter.
-CHECKPOINT_BYTES_PER_PARAM = 14
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,24 @@ class PlanRequest:
     sites: int = 1
     wan_gbps: float | None = None  # each way, what the link delivers
     wan_latency_s: float | None = None  # one-way
+    #: layout fields the user pinned (`plan --tp 8 --pp 2,4 ...`); the stack's layout defaults fill the rest
+    pins: LayoutPins = field(default_factory=LayoutPins)
+
+    def __post_init__(self) -> None:
+        """The API refuses what the CLI refuses: one InputError naming the field and what it allows."""
+        if self.rank_by not in ("time", "cost"):
+            raise InputError(f"rank_by must be time or cost, got {self.rank_by!r}")
+        if self.fabric_model not in ("analytical", "sim"):
+            raise InputError(f"fabric_model must be analytical or sim, got {self.fabric_model!r}")
+        if self.topology not in TOPOLOGY_KINDS:
+            raise InputError(f"topology must be one of {', '.join(TOPOLOGY_KINDS)}, got {self.topology!r}")
+        if self.top < 1 or self.gpus < 1 or self.seq_len < 1 or self.tokens <= 0:
+            raise InputError(f"top, gpus, seq_len and tokens must be positive, got top={self.top}, gpus={self.gpus}, "
+                             f"seq_len={self.seq_len}, tokens={self.tokens}")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise InputError(f"global_batch must be at least 1 sequence, got {self.global_batch}")
+        if not self.oversubscription >= 1:
+            raise InputError(f"oversubscription must be at least 1 (1:1), got {self.oversubscription}")
 
 
 @dataclass(frozen=True)
@@ -156,10 +176,39 @@ def build_job(request: PlanRequest, catalog: Catalog) -> Job:
                precision=request.precision)
 
 
+def search_bounds(request: PlanRequest, catalog: Catalog, job: Job) -> tuple[SearchSpace, dict[str, Any]]:
+    """The space the request's stack can run and the fields pinned: the user's pins, then the stack's layout
+    defaults in the fields left free (planner/stack.py, as `validate` fills a run's null fields)."""
+    fixed: dict[str, Any] = request.pins.given()
+    if request.stack is None:
+        return request.search_space, fixed
+    stack = catalog.stack(request.stack)
+    check_stack_precision(stack, job.precision)
+    space = stack_search_space(stack, request.search_space)
+    return space, stack_layout_defaults(stack, fixed, job, _local_batches(request.pins, request.gpus, space))
+
+
+def _local_batches(pins: LayoutPins, gpus: int, space: SearchSpace) -> int | None:
+    """Micro-batches' worth of local batches per step (dp × pp) when the pins fix them (tp, pp and cp, or cp
+    because the space has only cp = 1), else None."""
+    tp, pp = pins.scalar("tp"), pins.scalar("pp")
+    cp = pins.scalar("cp") or (1 if space.cps == (1,) else None)
+    if tp is None or pp is None or cp is None or gpus % (tp * pp * cp):
+        return None
+    return gpus // (tp * pp * cp) * pp
+
+
 def make_plan(request: PlanRequest, catalog: Catalog,
               progress: Callable[[int], None] | None = None) -> PlanResult:
     """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits in memory, and
-    NoLegalLayoutError when the GPU count cannot be split into any layout at all."""
+    NoLegalLayoutError when the GPU count cannot be split into any layout at all. The model's judgement constants
+    are `catalog`'s while it runs (the request's StepOptions and MemoryAssumptions took theirs when they were made:
+    the CLI makes them after putting its catalog's in force)."""
+    with using(catalog.judgements()):
+        return _make_plan(request, catalog, progress)
+
+
+def _make_plan(request: PlanRequest, catalog: Catalog, progress: Callable[[int], None] | None) -> PlanResult:
     if request.top < 1:
         raise InputError(f"--top must be at least 1, got {request.top}")
     cluster = build_cluster(request, catalog)
@@ -172,15 +221,18 @@ def make_plan(request: PlanRequest, catalog: Catalog,
         from gpufleet.planner.sites import search_request_sites
 
         # exhaustive: the WAN time is added after each step estimate, so the search's step floors do not bound it
+        if request.pins.given():
+            raise InputError("layout flags (--tp, --pp, ...) price one site's layouts; drop them or --sites")
         found = search_request_sites(request, job, cluster, calibration, progress)
     else:
-        found = search(job, cluster, calibration, space=request.search_space, options=request.options,
+        space, fixed = search_bounds(request, catalog, job)
+        found = search(job, cluster, calibration, space=space, fixed=fixed, options=request.options,
                        progress=progress, keep=pool_size)
     if not found.feasible:
         if not found.tried:
             raise NoLegalLayoutError(describe_no_legal_layout(request, catalog, job, cluster))
         raise InfeasibleError(describe_no_fit(found, cluster))
-    checkpoint_bytes = count_params(job.model).total * CHECKPOINT_BYTES_PER_PARAM
+    checkpoint_bytes = count_params(job.model).total * checkpoint_bytes_per_param(catalog)
     ranked: list[Plan] = []
     economics_error: str | None = None
     pool = found.feasible[:pool_size]

@@ -24,7 +24,6 @@ from gpufleet.errors import CatalogError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, Sharding
 from gpufleet.perf.step import StepOptions
-from gpufleet.planner.search import SearchSpace
 from gpufleet.workload.job import Job
 
 _Strict = ConfigDict(extra="forbid", frozen=True)
@@ -252,7 +251,10 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
         changes.update(nics=hardware.gpus_per_node, nic_gbps=hardware.scale_out_gbps_per_gpu)
     node = node.model_copy(update=changes)
     network = catalog.network(node.default_network)
-    return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network))
+    profile = catalog.records("calibrations").get(gpu.id)  # its measured collectives price the run, as in `plan`
+    measured = profile.collectives if isinstance(profile, CalibrationProfile) else ()
+    return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network),
+                   collective_calibration=measured)
 
 
 def check_unique_ids(runs: list[PublishedRun]) -> None:
@@ -339,18 +341,3 @@ def stack_calibration(calibration: CalibrationProfile, kernel: AttentionKernel |
     if kernel is not None and calibration.attention_kernel == "flash":
         return calibration.model_copy(update={"attention_kernel": kernel})
     return calibration
-
-
-def stack_search_space(stack: StackRecord, space: SearchSpace) -> SearchSpace:
-    """`space` without the features the stack lacks (sequence or context parallelism, CPU activation offload)
-    and with only the virtual-stage counts it offers; `plan --stack` and `validate` both search this space."""
-    if stack.value("sequence_parallel") is False:
-        space = replace(space, sequence_parallel=False)
-    if stack.value("context_parallel") is False:
-        space = replace(space, cps=(1,))
-    if stack.value("activation_offload") is False:
-        space = replace(space, activation_offload=False)
-    vpps = stack.value("vpps")
-    if vpps is not None:
-        space = replace(space, vpps=tuple(v for v in space.vpps if v in vpps) or (1,))
-    return space

@@ -28,25 +28,14 @@ from gpufleet.planner.validate import RunPrediction
 MIN_GROUP = 4
 
 
-def _ranks(values: list[float]) -> np.ndarray:
-    """Average ranks (ties share the mean rank), 1 = smallest."""
-    array = np.asarray(values, dtype=float)
-    order = array.argsort(kind="mergesort")
-    ranks = np.empty(len(array))
-    ranks[order] = np.arange(1, len(array) + 1)
-    for value in np.unique(array):
-        tied = array == value
-        if tied.sum() > 1:
-            ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
 def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rho: Pearson correlation of the ranks."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    if rx.std() == 0 or ry.std() == 0:
+    """Spearman's rho (scipy.stats.spearmanr: the Pearson correlation of average ranks, ties sharing the mean
+    rank); NaN when either side is constant (no order to compare), without scipy's warning."""
+    from scipy.stats import spearmanr
+
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
         return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(spearmanr(xs, ys).statistic)
 
 
 def smooth_model_fit(runs: list[PublishedRun]) -> list[float]:

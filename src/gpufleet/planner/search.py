@@ -11,6 +11,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import NodeSpec
 from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
@@ -26,6 +27,7 @@ from gpufleet.parallel.layout import (
 from gpufleet.parallel.memory import JobMemory, MemoryBreakdown, MemoryParts, memory_parts_total
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.floors import ComputeFloor, StepFloor, rules_out
+from gpufleet.planner.pins import pinned_choices
 from gpufleet.workload.job import Job
 
 
@@ -50,6 +52,10 @@ class SearchSpace:
     activation_offload: bool = True
     #: the framework has sequence parallelism (Megatron since 2022); without it MoE layers cannot use tp > 1
     sequence_parallel: bool = True
+    #: the framework spreads a MoE model's experts over ranks (expert parallelism) from its own configuration
+    expert_parallel: bool = True
+    #: the sharding kinds the framework combines with pipeline parallelism (None: every kind in `shardings`)
+    pp_shardings: tuple[Sharding, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,8 @@ def _expert_tps(space: SearchSpace, fixed: dict[str, Any], moe: bool, tp: int, e
         return [None]
     pinned = fixed.get("expert_tp")
     if pinned is not None:
-        return [pinned] if tp % pinned == 0 and (dp_cp * tp) % (ep * pinned) == 0 else []
+        return [e for e in pinned_choices(pinned, space.expert_tps) if e is not None
+                and tp % e == 0 and (dp_cp * tp) % (ep * e) == 0]
     if tp == 1 or dp_cp % ep:
         return [None]
     return list(dict.fromkeys(e for e in space.expert_tps if e is None or (tp % e == 0 and e != tp)))
@@ -130,7 +137,7 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
     max_tp = space.max_tp or cluster.gpus_per_node
 
     def options(name: str, values: list[Any] | tuple[Any, ...]) -> list[Any]:
-        return [fixed[name]] if fixed.get(name) is not None else list(values)
+        return pinned_choices(fixed.get(name), values)
 
     tps = options("tp", [t for t in divisors(n) if t <= max_tp and model.heads % t == 0])
     shardings = options("sharding", space.shardings)
@@ -146,13 +153,13 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                 if n % (tp * cp * pp):
                     continue
                 dp = n // (tp * cp * pp)
-                if fixed.get("dp") is not None and fixed["dp"] != dp:
+                if dp not in pinned_choices(fixed.get("dp"), [dp]):
                     continue
                 if job.global_batch % dp:
                     continue
                 per_replica = job.global_batch // dp
                 eps = [1]
-                if model.moe is not None:
+                if model.moe is not None and space.expert_parallel:
                     eps = [e for e in divisors(model.moe.experts) if (dp * cp * tp) % e == 0]
                 experts = [(ep, etp) for ep in options("ep", eps)
                            for etp in _expert_tps(space, fixed, model.moe is not None, tp, ep, dp * cp)]
@@ -165,6 +172,8 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                     for vpp in vpps:
                         for mb in mbs[vpp]:
                             for sharding in shardings:
+                                if pp > 1 and space.pp_shardings is not None and sharding not in space.pp_shardings:
+                                    continue
                                 for recompute in recomputes:
                                     for sp in sps:
                                         yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
@@ -172,14 +181,15 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                                      micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
 
 
-#: Share of a node's RAM that offloaded activations and optimizer state may pin (judgement: the OS, the data
-#: loader's workers and the page cache need the rest).
-HOST_RAM_USABLE_FRACTION = 0.8
+def host_ram_usable_fraction() -> float:
+    """Share of a node's RAM that offloaded activations and optimizer state may pin (the catalog's judgement
+    `host-ram-usable-fraction`: the OS, the data loader's workers and the page cache need the rest)."""
+    return judgements().host_ram_usable_fraction
 
 
 def host_memory_bytes(node: NodeSpec) -> float:
     """CPU memory one node can give its GPUs' offloaded tensors."""
-    return node.cpu_ram_gib * 2**30 * HOST_RAM_USABLE_FRACTION
+    return node.cpu_ram_gib * 2**30 * host_ram_usable_fraction()
 
 
 def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: int) -> bool:

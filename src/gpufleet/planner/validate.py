@@ -24,9 +24,9 @@ from gpufleet.planner.published_runs import (
     run_job,
     run_stack,
     run_step_options,
-    stack_search_space,
 )
 from gpufleet.planner.search import Infeasible, SearchSpace, evaluate, search
+from gpufleet.planner.stack import stack_layout_defaults, stack_search_space
 from gpufleet.workload.job import Job
 
 _FILLABLE = ("cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
@@ -207,23 +207,18 @@ def _predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | Non
 
 def _published_fields(run: PublishedRun, job: Job, stack: StackRecord) -> dict[str, Any]:
     """The layout fields the run publishes, with what its stack does where the run leaves one null (the stack's
-    documented sharding, sequence parallelism, expert TP and micro-batch rule); None: for the search to fill."""
+    documented sharding, sequence parallelism, expert TP and micro-batch rule: planner/stack.py, as `plan --stack`
+    applies them); None: for the search to fill."""
     given = run.layout
     fixed: dict[str, Any] = {name: getattr(given, name) for name in ("tp", "pp", "dp", *_FILLABLE)}
     if fixed["cp"] is None:
         fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus else None
-    for name in ("sharding", "sequence_parallel"):
-        if fixed[name] is None and stack.value(name) is not None:
-            fixed[name] = stack.value(name)
-    if job.model.moe is not None and stack.value("expert_tp") is not None:
-        fixed["expert_tp"] = stack.value("expert_tp")
-    local_batches = (given.dp or 1) * (given.pp or 1)
-    if (stack.value("micro_batches_per_pp_stage") and fixed["micro_batch"] is None
-            and job.global_batch % local_batches == 0):
-        fixed["micro_batch"] = job.global_batch // local_batches
-    if job.model.moe is not None and given.expert_tp is not None:  # the run's own word wins
-        fixed["expert_tp"] = given.expert_tp
-    return fixed
+    if job.model.moe is not None:
+        fixed["expert_tp"] = given.expert_tp  # the run's own word wins over the stack's
+    filled = stack_layout_defaults(stack, fixed, job, local_batches=(given.dp or 1) * (given.pp or 1))
+    if job.model.moe is None:
+        filled.pop("expert_tp", None)
+    return filled
 
 
 def _predict_despite_memory(result: RunPrediction, job: Job, layout: Layout, cluster: Cluster,

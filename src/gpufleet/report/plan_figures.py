@@ -20,14 +20,13 @@ from gpufleet.catalog.economics_records import CloudOffer
 from gpufleet.catalog.records import NetworkSpec
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.cloud import billed_gpus, offers_for_gpu
-from gpufleet.economics.defaults import facility_defaults
+from gpufleet.economics.defaults import checkpoint_bytes_per_param, facility_defaults
 from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.economics.tco import HOURS_PER_MONTH, onprem_tco
 from gpufleet.errors import GpufleetError
 from gpufleet.parallel.memory import MemoryBreakdown, peak_stage_memory, stage_memory
 from gpufleet.perf.step import estimate_step, run_time_s
 from gpufleet.planner.plan import (
-    CHECKPOINT_BYTES_PER_PARAM,
     Plan,
     PlanRequest,
     PlanResult,
@@ -129,7 +128,7 @@ def scaling_points(result: PlanResult, catalog: Catalog) -> tuple[ScalingPoint, 
     request, layout = result.request, result.plans[0].layout
     ratios = sorted({request.oversubscription, *SCALING_OVERSUBSCRIPTIONS})
     calibration = stack_calibration(catalog.calibration(result.cluster.gpu.id), request.attention_kernel)
-    checkpoint_bytes = count_params(result.job.model).total * CHECKPOINT_BYTES_PER_PARAM
+    checkpoint_bytes = count_params(result.job.model).total * checkpoint_bytes_per_param(catalog)
     points: list[ScalingPoint] = []
     for ratio in ratios:
         curve = f"{request.topology} {ratio:g}:1"

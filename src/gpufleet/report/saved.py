@@ -18,11 +18,11 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
+from gpufleet.planfile import header, read_plan_file
+from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
 from gpufleet.report.plan_figures import PlanFigures, ScalingPoint, plan_figures
 
-#: `"kind"` of a file `plan --json` writes.
-PLAN_KIND = "gpufleet-plan"
 #: Relative difference in a step time above which a re-run is "not the same plan" (float noise is ~1e-15).
 RERUN_TOLERANCE = 1e-6
 
@@ -44,7 +44,9 @@ def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "req
     values: dict[str, Any] = {}
     for name, value in data.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if hint is LayoutPins:
+            value = LayoutPins.from_saved(value, f"{where}.{name}")
+        elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
             value = request_from_dict(value, hint, f"{where}.{name}")
         elif isinstance(value, list):
             value = tuple(value)
@@ -57,7 +59,7 @@ def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "req
 
 def saved_header(request: PlanRequest) -> dict[str, Any]:
     """The keys that make a `plan --json` file readable by `gpufleet report`."""
-    return {"kind": PLAN_KIND, "gpufleet_version": __version__, "request": request_to_dict(request)}
+    return header(request_to_dict(request), __version__)
 
 
 @dataclass(frozen=True)
@@ -71,23 +73,17 @@ class SavedPlan:
 
 def read_saved_plan(data: Any, name: str) -> SavedPlan:
     """Check that `data` is a plan written by this version of gpufleet and take out what a re-run needs."""
-    if not isinstance(data, dict) or data.get("kind") != PLAN_KIND:
-        raise InputError(f"{name} is not a gpufleet plan (write one with: gpufleet plan ... --json > {name})")
-    version = data.get("gpufleet_version")
-    if version != __version__:
-        raise InputError(f"{name} was written by gpufleet {version}; this is {__version__} — plan it again with "
-                         "this version (gpufleet plan ... --json)")
-    request = request_from_dict(data.get("request"), where=f"{name}: request")
-    try:
-        if "sweep" in data:
-            counts = tuple(int(row["gpus"]) for row in data["sweep"])
-            best = tuple((f"{row['gpus']}:{row['layout']['label']}", float(row["step_s"]))
-                         for row in data["sweep"] if row["fits"])
-            deadline = data.get("deadline_s")
-            return SavedPlan(request, best, counts, float(deadline) if deadline is not None else None)
-        plans = tuple((str(p["layout"]["label"]), float(p["step_s"])) for p in data["plans"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise InputError(f"{name}: plan file is incomplete or malformed ({error})") from error
+    saved = read_plan_file(data, name)
+    if saved.gpufleet_version != __version__:
+        raise InputError(f"{name} was written by gpufleet {saved.gpufleet_version}; this is {__version__} — plan it "
+                         "again with this version (gpufleet plan ... --json)")
+    request = request_from_dict(saved.request, where=f"{name}: request")
+    if saved.sweep is not None:
+        counts = tuple(row.gpus for row in saved.sweep)
+        best = tuple((f"{row.gpus}:{row.layout.label}", float(row.step_s)) for row in saved.sweep
+                     if row.fits and row.layout is not None and row.step_s is not None)
+        return SavedPlan(request, best, counts, saved.deadline_s)
+    plans = tuple((plan.layout.label, plan.step_s) for plan in saved.plans or [])
     if not plans:
         raise InputError(f"{name} holds no plan to report (the plan it records found none)")
     return SavedPlan(request, plans, None, None)

@@ -24,14 +24,11 @@ from typing import IO, Any, cast
 import torch
 import torch.distributed.checkpoint as dcp
 import xxhash
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from gpufleet.runtime.checkpoint.manifest import FileEntry
@@ -42,6 +39,12 @@ from gpufleet.runtime.checkpoint.streamread import (
     native_byteorder,
     tensor_bytes,
     tensor_record,
+)
+from gpufleet.runtime.checkpoint.torch_private import (  # every private torch API, checked in one place
+    _EmptyStateDictLoadPlanner,
+    _load_state_dict,
+    narrow_tensor_by_index,
+    set_element,
 )
 from gpufleet.runtime.checkpoint.values import numpy_allowed
 

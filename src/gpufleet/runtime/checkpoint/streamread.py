@@ -224,7 +224,7 @@ def describe_tensor(pickled: bytes) -> tuple[torch.Tensor, str] | None:
     Returns the tensor (shape, stride, offset and dtype, no data) and the key of its one storage
     record, or None when the pickle is anything else (several storages, not a tensor, refused).
     """
-    from torch import _weights_only_unpickler as weights_only
+    from gpufleet.runtime.checkpoint.torch_private import weights_only_unpickler as weights_only
 
     keys: list[tuple[str, int]] = []
 

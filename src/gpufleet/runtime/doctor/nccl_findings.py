@@ -16,8 +16,13 @@ from gpufleet.runtime.doctor.nccl_log import VIRTUAL_INTERFACE_PREFIXES, Finding
 MAX_QUOTED_WARNINGS = 5
 
 
+#: The most GPUs one host holds (judgement: DGX-2 and HGX-2 hold 16, today's HGX boards 8): a job of more ranks
+#: spans nodes even when its log ends before NCCL says how many.
+MAX_GPUS_PER_HOST = 16
+
+
 def _multi_node(summary: NcclLogSummary) -> bool:
-    return (summary.nodes or 0) > 1 or len(summary.hosts) > 1
+    return (summary.nodes or 0) > 1 or len(summary.hosts) > 1 or (summary.ranks or 0) > MAX_GPUS_PER_HOST
 
 
 def _why_no_ib(summary: NcclLogSummary) -> str:
@@ -37,13 +42,20 @@ def tcp_fallback(summary: NcclLogSummary) -> list[Finding]:
     counts = summary.transport_counts()
     socket = counts.get("net-socket", 0)
     network = socket + counts.get("net-ib", 0) + counts.get("net-plugin", 0)
+    severity: Severity = "error"
     if socket:
         seen = f"{socket} of {network} network connections use NET/Socket (TCP through the kernel, not RDMA)"
     elif "Socket" in summary.networks and _multi_node(summary):
-        seen = "NCCL chose `Using network Socket` for a job that spans nodes (TCP, not RDMA)"
+        ranks = f" of {summary.ranks} ranks" if summary.ranks else ""
+        cut = " (the log ends before its connection lines)" if not summary.connections else ""
+        seen = f"NCCL chose `Using network Socket` for a job{ranks} that spans nodes{cut} (TCP, not RDMA)"
+    elif "Socket" in summary.networks and not summary.connections and summary.nodes is None:
+        severity = "warning"
+        seen = ("NCCL chose `Using network Socket` (TCP, not RDMA) and the log ends before its connection lines and "
+                "node count: if the job spans nodes, it runs over TCP")
     else:
         return []
-    return [Finding("tcp-fallback", "error", seen + ": expect a fraction of the fabric's bandwidth",
+    return [Finding("tcp-fallback", severity, seen + ": expect a fraction of the fabric's bandwidth",
                     _why_no_ib(summary))]
 
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpufleet.errors import InputError
+from gpufleet.planfile import read_plan_file
 from gpufleet.runtime.gpucheck import proc
 from gpufleet.runtime.gpucheck.machine import Context
 from gpufleet.runtime.gpucheck.results import Outcome
@@ -44,11 +46,13 @@ def _plan(ctx: Context, model: str, tokens: str, calibration: Path | None, work:
     name = f"plan-{model}-{'calibrated' if calibration else 'built-in'}"
     done = proc.run(proc.gpufleet("plan", "-m", model, "-t", tokens, "-g", ctx.gpu, "-n", str(PLAN_GPUS), *extra,
                                   "--json"), work, ctx.env, ctx.left_s(), name)
-    data = proc.json_document(done.stdout)
-    if not data.get("plans"):
+    try:
+        plans = read_plan_file(proc.json_document(done.stdout), name).plans
+    except InputError as error:
+        raise proc.StepFailed(str(error)) from None
+    if not plans:
         raise proc.StepFailed(f"plan for {model} on {PLAN_GPUS} x {ctx.gpu} found no layout")
-    best: dict[str, Any] = data["plans"][0]
-    return best
+    return plans[0].model_dump()
 
 
 def what_moved(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
+from gpufleet.planfile import PLAN_KIND, read_plan_file
 
 
 class PlanFileError(InputError):
@@ -30,14 +31,26 @@ class PlanTarget:
     @classmethod
     def from_json(cls, data: Any, index: int = 0, where: str = "plan") -> PlanTarget:
         """From `gpufleet plan --json` (its `plans` list; `index` picks one, 0 = the best) or one plan object."""
-        plans = data.get("plans") if isinstance(data, dict) else None
-        if isinstance(plans, list):
+        if isinstance(data, dict) and data.get("kind") == PLAN_KIND:  # a whole plan file: its schema reads it
+            try:
+                plans = read_plan_file(data, where).plans
+            except InputError as error:
+                raise PlanFileError(str(error)) from None
             if not plans:
-                raise PlanFileError(f"{where} has no plans (the search found nothing feasible)")
+                raise PlanFileError(f"{where} has no plans (the search found nothing feasible, or it is a sweep)")
             if not 0 <= index < len(plans):
                 raise PlanFileError(f"{where} has {len(plans)} plans; the plan index must be in [0, {len(plans) - 1}]"
                                     f", got {index}")
-            data = plans[index]
+            chosen = plans[index]
+            return cls(chosen.step_s, chosen.tokens_per_s_per_gpu, chosen.mfu)
+        plans_only = data.get("plans") if isinstance(data, dict) else None
+        if isinstance(plans_only, list):  # a script's {"plans": [...]}: each plan object checked below
+            if not plans_only:
+                raise PlanFileError(f"{where} has no plans (the search found nothing feasible)")
+            if not 0 <= index < len(plans_only):
+                raise PlanFileError(f"{where} has {len(plans_only)} plans; the plan index must be in "
+                                    f"[0, {len(plans_only) - 1}], got {index}")
+            data = plans_only[index]
         if not isinstance(data, dict):
             raise PlanFileError(f"{where} is not a `gpufleet plan --json` document")
         values = {}
