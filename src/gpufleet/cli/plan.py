@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -259,6 +261,8 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
         "parts": {name: {"exposed_s": part.exposed_s, "hidden_s": part.hidden_s, "link": part.link}
                   for name, part in step.parts.items()},
         "micro_batches": step.micro_batches,
+        # the 80 % interval of each prediction, in its own unit (planner/intervals.py; docs/validation.md)
+        "intervals": {name: interval.as_json() for name, interval in plan.intervals.items()},
         "warnings": [warning] if (warning := pipeline_warning(plan)) else [],
     }
     econ = plan.economics
@@ -341,6 +345,13 @@ def _days(seconds: float) -> str:
     return f"{seconds / DAY_S:.1f} d" if seconds >= DAY_S else f"{seconds / 3600:.1f} h"
 
 
+def _in_unit_of(seconds: float, shown_s: float) -> str:
+    """`seconds` in the unit `_days(shown_s)` uses (h, d or y), three significant figures, without the unit."""
+    unit = _days(shown_s).rsplit(" ", 1)[-1]
+    per = {"h": 3600.0, "d": DAY_S, "y": 365.25 * DAY_S}[unit]
+    return f"{seconds / per:.3g}"
+
+
 def _money(usd: float) -> str:
     """$12,345 under a million, then $1.23M, $4.56B, then powers of ten."""
     if usd < 1e6:
@@ -349,6 +360,12 @@ def _money(usd: float) -> str:
         if usd >= scale and usd < scale * 1e3:
             return f"${usd / scale:,.2f}{unit}"
     return f"${usd:.2g}"
+
+
+def _range(plan: Plan, name: str, spelled: Callable[[float], str]) -> str:
+    """` (low–high)`: the 80 % interval of one prediction in a table cell, or nothing when there is none."""
+    interval = plan.intervals.get(name)
+    return f" ({spelled(interval.low)}–{spelled(interval.high)})" if interval is not None else ""
 
 
 def render_result(console: Console, result: PlanResult) -> None:
@@ -385,11 +402,20 @@ def render_result(console: Console, result: PlanResult) -> None:
         table.add_row(
             str(plan.rank), plan.layout.short(),
             f"{plan.candidate.memory.total_bytes / GIB:.1f}/{cluster.gpu.hbm_bytes / GIB:.0f} GiB",
-            f"{step.step_s:.2f} s", f"{step.tokens_per_s_per_gpu:,.0f}", f"{step.mfu:.1%}",
-            f"{econ.goodput:.1%}" if econ else "-", _days(plan.wall_time_s),
+            f"{step.step_s:.2f} s" + _range(plan, "step_s", lambda v: f"{v:.3g}"),
+            f"{step.tokens_per_s_per_gpu:,.0f}" + _range(plan, "tokens_per_s_per_gpu", lambda v: f"{v:,.0f}"),
+            f"{step.mfu:.1%}",
+            f"{econ.goodput:.1%}" if econ else "-",
+            _days(plan.wall_time_s) + _range(plan, "time_to_train_s", functools.partial(_in_unit_of,
+                                                                                         shown_s=plan.wall_time_s)),
             f"{_money(cheapest.usd)} {cheapest.name}" if cheapest else "-",
         )
     console.print(table)
+    shown = result.plans[0].step_interval if result.plans else None
+    if shown is not None:
+        console.print(f"(low–high): the 80% interval from the model's own leave-one-source-out error on measured "
+                      f"runs of the plan's regime ({shown.regime}: {shown.runs} runs"
+                      f"{', widened' if shown.widened else ''}; docs/validation.md)")
     skipped = next((p.economics.skipped_offers for p in result.plans if p.economics is not None), ())
     if skipped:
         from gpufleet.economics.cloud import describe_skipped

@@ -21,6 +21,7 @@ from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalL
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
+from gpufleet.planner.intervals import Interval, IntervalTable, step_interval
 from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
@@ -88,6 +89,23 @@ class Plan:
     candidate: Candidate
     train_time_s: float  # failure-free
     economics: RunEconomics | None
+    #: the 80 % interval of the step time, from the model's own leave-one-source-out error in the plan's regime
+    step_interval: Interval | None = None
+
+    @property
+    def intervals(self) -> dict[str, Interval]:
+        """The 80 % interval of each prediction shown: step time, tokens/s per GPU, time to train, cheapest cost
+        (each from the step's, as time to train and cost scale with the step and throughput is its inverse)."""
+        step = self.step_interval
+        if step is None:
+            return {}
+        step_s = self.candidate.step.step_s
+        found = {"step_s": step, "tokens_per_s_per_gpu": step.inverted(self.candidate.step.tokens_per_s_per_gpu
+                                                                        * step_s),
+                 "time_to_train_s": step.scaled(self.wall_time_s / step_s)}
+        if self.cheapest_usd is not None:
+            found["cheapest_usd"] = step.scaled(self.cheapest_usd / step_s)
+        return found
 
     @property
     def layout(self) -> Layout:
@@ -254,7 +272,10 @@ def _make_plan(request: PlanRequest, catalog: Catalog, progress: Callable[[int],
         ranked.sort(key=lambda p: (p.cheapest_usd if p.cheapest_usd is not None else math.inf, p.wall_time_s))
     else:
         ranked.sort(key=lambda p: p.wall_time_s)
-    plans = [Plan(i + 1, p.candidate, p.train_time_s, p.economics) for i, p in enumerate(ranked[: request.top])]
+    table = IntervalTable.from_record(catalog.interval_table())
+    plans = [Plan(i + 1, p.candidate, p.train_time_s, p.economics,
+                  step_interval(job, p.layout, cluster.gpus, p.candidate.step.step_s, table))
+             for i, p in enumerate(ranked[: request.top])]
     if all(plan.economics is not None for plan in plans):
         economics_error = None  # only layouts that were not shown lacked a bill
     return PlanResult(request, job, cluster, found, plans, economics_error)
