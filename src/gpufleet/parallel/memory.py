@@ -28,8 +28,9 @@ Conventions (docs/memory.md has the full list with sources):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Literal
 
 from gpufleet.catalog.judgements import judgements
@@ -241,6 +242,19 @@ MemoryParts = tuple[float, float, float, float, float, float, float]
 _Shared = tuple[dict[int, _StageParameters], dict[int, tuple[float, float]], float, int, int, int]
 
 
+#: Every field of a layout but its sharding and its recompute mode (a tuple built in C): the layouts of a search
+#: that share it differ only in the two innermost choices, so their stages, parameter bytes by sharding and
+#: activation bytes by recompute mode are looked up once per key (JobMemory.peak_parts).
+degrees_key = attrgetter(*(f.name for f in fields(Layout) if f.name not in ("sharding", "recompute")))
+
+#: One stage's bytes that follow from the layout's degrees and sharding: (weights, gradients, optimizer,
+#: weights + gradients + optimizer, buffers, host) — buffers with the ZeRO bucket and gathered layers added.
+_StageByParams = tuple[float, float, float, float, float, float]
+#: JobMemory.by_degrees: candidate stages; by sharding, each stage's _StageByParams; by recompute mode, each stage's
+#: (activation bytes, offloaded activation bytes)
+_ByDegrees = tuple[tuple[int, ...], dict[str, list[_StageByParams]], dict[str, list[tuple[float, float]]]]
+
+
 def memory_parts_total(parts: MemoryParts) -> float:
     """MemoryBreakdown(*parts).total_bytes, summed in the same order."""
     return parts[0] + parts[1] + parts[2] + parts[3] + parts[4] + parts[5]
@@ -269,6 +283,9 @@ class JobMemory:
         self._layers: dict[tuple[object, ...], tuple[float, float]] = {}
         self._held: dict[tuple[int, int, int], tuple[int, int]] = {}
         self._candidates: dict[tuple[int, int], tuple[int, ...]] = {}
+        #: degrees_key -> (candidate stages, by sharding: per-stage _StageByParams, by recompute: per-stage
+        #: (activations, host activations))
+        self._by_degrees: dict[tuple[object, ...], _ByDegrees] = {}
 
     def stage(self, layout: Layout, stage: int) -> MemoryBreakdown:
         """Bytes per GPU on pipeline rank `stage` (0-based). Does not validate the layout."""
@@ -284,17 +301,67 @@ class JobMemory:
 
     def peak_parts(self, layout: Layout) -> tuple[int, MemoryParts]:
         """`peak` with the breakdown's fields as a tuple (a search builds the breakdown only for the layouts it
-        ranks); `memory_parts_total` is its `total_bytes`."""
-        shared = self._shared(layout)
-        stages = self._candidate_stages(layout.pp, layout.vpp)
-        best_stage, best = stages[0], self._stage_parts(shared, layout, stages[0])
-        best_total = memory_parts_total(best)
-        for stage in stages[1:]:
-            parts = self._stage_parts(shared, layout, stage)
-            total = memory_parts_total(parts)
-            if total > best_total:
-                best_stage, best_total, best = stage, total, parts
-        return best_stage, best
+        ranks); `memory_parts_total` is its `total_bytes`.
+
+        The parts are `_stage_parts`' numbers added in its order; what depends only on the layout's degrees and
+        sharding, or only on its degrees and recompute mode, is looked up once per degrees_key."""
+        return self.peak_parts_by_degrees(self.by_degrees(layout, degrees_key(layout)), layout)
+
+    def by_degrees(self, layout: Layout, key: tuple[object, ...]) -> _ByDegrees:
+        """What every layout with this degrees_key (`key`) shares: its candidate stages and its stages' bytes by
+        sharding and by recompute mode (filled as peak_parts_by_degrees meets them)."""
+        found = self._by_degrees.get(key)
+        if found is None:
+            found = self._by_degrees[key] = (self._candidate_stages(layout.pp, layout.vpp), {}, {})
+        return found
+
+    def peak_parts_by_degrees(self, found: _ByDegrees, layout: Layout) -> tuple[int, MemoryParts]:
+        """peak_parts of a layout whose degrees' shared numbers (`by_degrees`) are `found`."""
+        stages, by_sharding, by_recompute = found
+        params = by_sharding.get(layout.sharding)
+        activations = by_recompute.get(layout.recompute)
+        if params is None or activations is None:
+            shared = self._shared(layout)
+            if params is None:
+                params = by_sharding[layout.sharding] = [self._stage_by_params(shared, layout, stage)
+                                                         for stage in stages]
+            if activations is None:
+                activations = by_recompute[layout.recompute] = [self._stage_activation_bytes(shared, layout, stage)
+                                                                for stage in stages]
+        fixed, fraction = self.assumptions.overhead_fixed_bytes, self.assumptions.overhead_fraction
+        best_index, best_total = -1, 0.0
+        pairs = enumerate(zip(params, activations, strict=True))
+        for index, ((_, _, _, held, buffers, _), (activation_bytes, _)) in pairs:
+            subtotal = held + activation_bytes + buffers
+            total = subtotal + (fixed + fraction * subtotal)
+            if best_index < 0 or total > best_total:
+                best_index, best_total = index, total
+        weights, gradients, optimizer, held, buffers, host = params[best_index]
+        activation_bytes, host_activations = activations[best_index]
+        subtotal = held + activation_bytes + buffers
+        return stages[best_index], (weights, gradients, optimizer, activation_bytes, buffers,
+                                    fixed + fraction * subtotal, host + host_activations)
+
+    def _stage_by_params(self, shared: _Shared, layout: Layout, stage: int) -> _StageByParams:
+        """`_stage_parts`' numbers that follow from the stage's parameters (and the activation-sized buffers)."""
+        by_stage, _, buffers, etp, edp, _ = shared
+        params = by_stage.get(stage)
+        if params is None:
+            params = by_stage[stage] = self._stage_parameters(layout, stage, etp, edp)
+        if params.bucket is not None:
+            buffers += params.bucket
+        if params.gathered is not None:
+            buffers += params.gathered
+        return (params.weights, params.gradients, params.optimizer, params.weights + params.gradients
+                + params.optimizer, buffers, params.host)
+
+    def _stage_activation_bytes(self, shared: _Shared, layout: Layout, stage: int) -> tuple[float, float]:
+        """(activation bytes on the GPU, offloaded) of one stage: `_stage_parts`' activation numbers."""
+        activations_by_stage, m = shared[1], shared[5]
+        found = activations_by_stage.get(stage)
+        if found is None:
+            found = activations_by_stage[stage] = self._stage_activations(layout, stage, m)
+        return found
 
     def _shared(self, layout: Layout) -> _Shared:
         """The tables of the parts this layout shares with others: parameters by stage (shared by every layout

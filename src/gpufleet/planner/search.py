@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from bisect import insort
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -17,6 +19,7 @@ from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import (
     RECOMPUTES,
+    SHARDINGS,
     Layout,
     Recompute,
     Sharding,
@@ -24,7 +27,7 @@ from gpufleet.parallel.layout import (
     max_virtual_stages,
     validate_layout,
 )
-from gpufleet.parallel.memory import JobMemory, MemoryBreakdown, MemoryParts, memory_parts_total
+from gpufleet.parallel.memory import JobMemory, MemoryBreakdown, MemoryParts, degrees_key, memory_parts_total
 from gpufleet.perf.step import StepEstimate, StepOptions, estimate_step
 from gpufleet.planner.floors import ComputeFloor, StepFloor, rules_out
 from gpufleet.planner.pins import pinned_choices
@@ -221,14 +224,48 @@ class _Capacity:
         return cls(cluster.gpu.hbm_bytes, host_memory_bytes(cluster.node), cluster.gpus_per_node)
 
 
-def _memory_verdict(job: Job, layout: Layout, cluster: Cluster, memory: JobMemory,
-                    capacity: _Capacity) -> _Fit | Infeasible:
-    """_Fit, or why not (with the bytes over HBM) when the layout is invalid or does not fit."""
+#: Shardings and recompute modes that validate_layout accepts without looking at any other field (hsdp also needs
+#: its group to divide dp).
+_PLAIN_CHOICES = (frozenset(SHARDINGS) - {"hsdp"}, frozenset(RECOMPUTES))
+
+
+def _validation_error(job: Job, layout: Layout, cluster: Cluster) -> str | None:
+    """The constraint validate_layout names for the layout, None when it is valid."""
     try:
         validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)
     except LayoutError as error:
-        return Infeasible(f"invalid: {error.constraint}")
+        return error.constraint
+    return None
+
+
+def _invalid_constraint(job: Job, layout: Layout, cluster: Cluster,
+                        known: dict[tuple[object, ...], str | None] | None = None) -> str | None:
+    """The constraint validate_layout names for the layout, None when it is valid. With `known` (one job and
+    cluster's answers by degrees_key), a layout whose sharding and recompute mode need no other field
+    (_PLAIN_CHOICES) and that has no block recompute or activation offload shares the answer of every layout with
+    its degrees: validate_layout's other checks read only those."""
+    if (known is None or layout.sharding not in _PLAIN_CHOICES[0] or layout.recompute not in _PLAIN_CHOICES[1]
+            or layout.recompute_layers is not None or layout.offload_activation_layers is not None):
+        return _validation_error(job, layout, cluster)
+    key = degrees_key(layout)
+    if key not in known:
+        known[key] = _validation_error(job, layout, cluster)
+    return known[key]
+
+
+def _memory_verdict(job: Job, layout: Layout, cluster: Cluster, memory: JobMemory, capacity: _Capacity,
+                    known: dict[tuple[object, ...], str | None] | None = None) -> _Fit | Infeasible:
+    """_Fit, or why not (with the bytes over HBM) when the layout is invalid or does not fit (`known`: see
+    _invalid_constraint)."""
+    constraint = _invalid_constraint(job, layout, cluster, known)
+    if constraint is not None:
+        return Infeasible(f"invalid: {constraint}")
     stage, parts = memory.peak_parts(layout)
+    return _capacity_verdict(layout, stage, parts, capacity)
+
+
+def _capacity_verdict(layout: Layout, stage: int, parts: MemoryParts, capacity: _Capacity) -> _Fit | Infeasible:
+    """_Fit when the peak stage's `parts` fit the GPU's HBM and its node's RAM, else why not."""
     total = memory_parts_total(parts)
     if total > capacity.hbm_bytes:
         return Infeasible("memory", total - capacity.hbm_bytes)
@@ -269,12 +306,14 @@ class _Estimator:
         self.capacity = _Capacity.of(cluster)
         self.floor = StepFloor(job, cluster, calibration, options)
         self.compute_floor = ComputeFloor(job, cluster, calibration, options)
+        self.validity: dict[tuple[object, ...], str | None] = {}  # _invalid_constraint's answers by degrees_key
 
     def step(self, layout: Layout) -> StepEstimate:
         return estimate_step(self.job, layout, self.cluster, self.calibration, self.options)
 
     def evaluate(self, layout: Layout) -> Candidate | Infeasible:
-        return _estimated(_memory_verdict(self.job, layout, self.cluster, self.memory, self.capacity), self.step)
+        return _estimated(_memory_verdict(self.job, layout, self.cluster, self.memory, self.capacity, self.validity),
+                          self.step)
 
 
 def _fewest_layers(estimator: _Estimator, variant: Callable[[int], Layout],
@@ -400,12 +439,36 @@ class _Screened:
 
 def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
             progress: Callable[[int], None] | None) -> _Screened:
-    """Validate every layout and check its memory (the counts of a search are exact: every layout is checked)."""
+    """Validate every layout and check its memory (the counts of a search are exact: every layout is checked).
+
+    Consecutive layouts that differ only in sharding and recompute mode (the innermost choices of
+    enumerate_layouts) share their validity and their memory model's per-degrees numbers: looked up once for them."""
     screened = _Screened()
     unfit_without_recompute: set[tuple[object, ...]] = set()  # no-recompute layouts that did not fit (_twin_key)
+    job, cluster, memory, capacity = estimator.job, estimator.cluster, estimator.memory, estimator.capacity
+    last_key: tuple[object, ...] | None = None
+    shared = memory.by_degrees(Layout(), degrees_key(Layout()))
+    unknown = "?"  # the plain layouts of these degrees are not validated yet
+    plain_constraint: str | None = unknown
     for layout in layouts:
         screened.tried += 1
-        outcome = _memory_verdict(estimator.job, layout, estimator.cluster, estimator.memory, estimator.capacity)
+        key = degrees_key(layout)
+        if key != last_key:
+            last_key, shared = key, memory.by_degrees(layout, key)
+            plain_constraint = estimator.validity.get(key, unknown)
+        if (layout.sharding in _PLAIN_CHOICES[0] and layout.recompute in _PLAIN_CHOICES[1]
+                and layout.recompute_layers is None and layout.offload_activation_layers is None):
+            if plain_constraint is unknown:
+                plain_constraint = _invalid_constraint(job, layout, cluster, estimator.validity)
+            constraint = plain_constraint
+        else:
+            constraint = _validation_error(job, layout, cluster)
+        outcome: _Fit | Infeasible
+        if constraint is not None:
+            outcome = Infeasible(f"invalid: {constraint}")
+        else:
+            stage, parts = memory.peak_parts_by_degrees(shared, layout)
+            outcome = _capacity_verdict(layout, stage, parts, capacity)
         if isinstance(outcome, _Fit):
             screened.fits.append(outcome)
             if try_cheaper and layout.recompute == "full" and _twin_key(layout) in unfit_without_recompute:
@@ -440,6 +503,21 @@ def _rank_fits(estimator: _Estimator, fits: list[_Fit], keep: int | None) -> _Ra
     return ranking
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, back as it was after. A search allocates some hundred
+    thousand long-lived objects (layouts, fits, misses) and no reference cycles: every collection the
+    allocations trigger would traverse all of them and free nothing (it cost about half of a large MoE search's
+    memory screen). Whatever the block frees is still freed at once by reference counting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space: SearchSpace | None = None,
            fixed: dict[str, Any] | None = None, options: StepOptions | None = None,
            progress: Callable[[int], None] | None = None, keep: int | None = None) -> SearchResult:
@@ -459,10 +537,11 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         space = replace(space, recomputes=useful)
     try_cheaper = space.partial_recompute and (fixed or {}).get("recompute") is None
     estimator = _Estimator(job, cluster, calibration, options)
-    screened = _screen(estimator, enumerate_layouts(job, cluster, space, fixed), try_cheaper, progress)
-    # the cheaper-variant pass needs the exact CHEAPER_VARIANT_RANKS fastest
-    ranking = _rank_fits(estimator, screened.fits, None if keep is None else max(keep, CHEAPER_VARIANT_RANKS))
-    tried = screened.tried + _add_cheaper_variants(estimator, ranking, screened.full_only, screened.reasons,
-                                                   space.activation_offload)
+    with _collector_paused():
+        screened = _screen(estimator, enumerate_layouts(job, cluster, space, fixed), try_cheaper, progress)
+        # the cheaper-variant pass needs the exact CHEAPER_VARIANT_RANKS fastest
+        ranking = _rank_fits(estimator, screened.fits, None if keep is None else max(keep, CHEAPER_VARIANT_RANKS))
+        tried = screened.tried + _add_cheaper_variants(estimator, ranking, screened.full_only, screened.reasons,
+                                                       space.activation_offload)
     screened.misses.sort(key=lambda miss: miss.over_bytes)
     return SearchResult(ranking.ranked(keep), tried, screened.reasons, screened.misses[:5], fit_count=ranking.fit)
