@@ -3,6 +3,8 @@ defaults (one definition, next to the owner)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -11,6 +13,7 @@ from gpufleet.catalog.registry import load_catalog
 from gpufleet.errors import InputError
 from gpufleet.parallel.memory_request import MemoryRequest
 from gpufleet.planner.memory_report import memory_report
+from gpufleet.reliability.request import DEFAULT_GPUS_PER_NODE, ReliabilityRequest, reliability_report
 
 
 def _cli_error(*args: str) -> str:
@@ -43,3 +46,36 @@ def test_memory_request_ranges_and_defaults() -> None:
     assert (request.data_parallel, request.batch) == (4, 8)
     report = memory_report(request, load_catalog([]))
     assert report.data["fits"] and not report.problems()
+
+
+@pytest.mark.parametrize("fields", [
+    {"gpus": 0, "params": "1B"},
+    {"gpus": 8},
+    {"gpus": 8, "params": "1B", "checkpoint_gb": 3.0},
+    {"gpus": 8, "checkpoint_gb": 1e12},
+    {"gpus": 8, "params": "0.1"},
+    {"gpus": 8, "params": "1B", "write_gbps": 5.0, "gpus_per_node": 4},
+    {"gpus": 8, "params": "1B", "gpus_per_node": 0},
+    {"gpus": 8, "params": "1B", "interval_min": -1.0},
+    {"gpus": 8, "params": "1B", "train_time": "xx"},
+])
+def test_reliability_request_refuses_what_the_cli_refuses(fields: dict[str, object]) -> None:
+    flags = {"gpus": "--gpus", "params": "--params", "checkpoint_gb": "--checkpoint-gb", "write_gbps": "--write-gbps",
+             "gpus_per_node": "--gpus-per-node", "interval_min": "--interval-min", "train_time": "--train-time"}
+    with pytest.raises(InputError) as refused:
+        ReliabilityRequest(**fields)  # type: ignore[arg-type]
+    args = [str(part) for name, value in fields.items() for part in (flags[name], value)]
+    assert str(refused.value) == _cli_error("reliability", *args)
+
+
+def test_reliability_request_defaults_the_node_size_and_sizes_the_checkpoint_from_the_catalog() -> None:
+    catalog = load_catalog([])
+    request = ReliabilityRequest(gpus=16384, params="405e9")
+    assert request.gpus_per_node is None
+    report = reliability_report(request, catalog)
+    cli = json.loads(run_gpufleet("reliability", "--gpus", "16384", "--params", "405e9", "--json").stdout)
+    assert report.data == pytest.approx(cli)
+    per_node = ReliabilityRequest(gpus=16384, params="405e9", gpus_per_node=DEFAULT_GPUS_PER_NODE)
+    assert reliability_report(per_node, catalog).data == report.data
+    with pytest.raises(InputError, match="--params 1e30 needs a checkpoint over"):
+        reliability_report(ReliabilityRequest(gpus=8, params="1e30"), catalog)
