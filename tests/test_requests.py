@@ -10,6 +10,13 @@ from pydantic import ValidationError
 
 from clirun import run_gpufleet
 from gpufleet.catalog.registry import load_catalog
+from gpufleet.economics.requests import (
+    DEFAULT_ONPREM_GPUS,
+    CostRequest,
+    FacilityRequest,
+    cost_report,
+    facility_report,
+)
 from gpufleet.errors import InputError
 from gpufleet.parallel.memory_request import MemoryRequest
 from gpufleet.planner.memory_report import memory_report
@@ -79,3 +86,43 @@ def test_reliability_request_defaults_the_node_size_and_sizes_the_checkpoint_fro
     assert reliability_report(per_node, catalog).data == report.data
     with pytest.raises(InputError, match="--params 1e30 needs a checkpoint over"):
         reliability_report(ReliabilityRequest(gpus=8, params="1e30"), catalog)
+
+
+@pytest.mark.parametrize(("fields", "flags"), [
+    ({}, []),
+    ({"gpu_hours": "1e6", "utilization": 2.0}, ["--gpu-hours", "1e6", "--utilization", "2"]),
+    ({"gpu_hours": "1e6", "pricing": ("foo",)}, ["--gpu-hours", "1e6", "--pricing", "foo"]),
+    ({"gpu_hours": "1e6", "gpus": 0}, ["--gpu-hours", "1e6", "--gpus", "0"]),
+    ({"gpu_hours": "inf"}, ["--gpu-hours", "inf"]),
+])
+def test_cost_request_refuses_what_the_cli_refuses(fields: dict[str, object], flags: list[str]) -> None:
+    with pytest.raises(InputError) as refused:
+        CostRequest(**fields)  # type: ignore[arg-type]
+    assert str(refused.value) == _cli_error("cost", *flags)
+
+
+def test_cost_request_prices_the_default_owned_cluster_and_names_a_bad_facility_flag() -> None:
+    catalog = load_catalog([])
+    report = cost_report(CostRequest(gpu_hours="1e6"), catalog)
+    assert (report.gpu, report.gpus) == ("h100-sxm", DEFAULT_ONPREM_GPUS)
+    assert report.data == json.loads(run_gpufleet("cost", "--gpu-hours", "1e6", "--json").stdout)
+    with pytest.raises(InputError) as refused:
+        cost_report(CostRequest(gpu_hours="1e6", years=0.0), catalog)
+    assert str(refused.value) == _cli_error("cost", "--gpu-hours", "1e6", "--years", "0")
+
+
+@pytest.mark.parametrize(("fields", "flags"), [
+    ({"gpus": 0, "gpu": "h100-sxm"}, ["--gpus", "0", "--gpu", "h100-sxm"]),
+    ({"gpus": 8, "gpu": "h100-sxm", "mfu": 2.0}, ["--gpus", "8", "--gpu", "h100-sxm", "--mfu", "2"]),
+    ({"gpus": 8, "gpu": "h100-sxm", "rack_kw": 1e6}, ["--gpus", "8", "--gpu", "h100-sxm", "--rack-kw", "1e6"]),
+])
+def test_facility_request_refuses_what_the_cli_refuses(fields: dict[str, object], flags: list[str]) -> None:
+    with pytest.raises(InputError) as refused:
+        FacilityRequest(**fields)  # type: ignore[arg-type]
+    assert str(refused.value) == _cli_error("facility", *flags)
+
+
+def test_facility_request_needs_a_node_or_a_gpu() -> None:
+    with pytest.raises(InputError) as refused:
+        facility_report(FacilityRequest(gpus=8), load_catalog([]))
+    assert str(refused.value) == _cli_error("facility", "--gpus", "8")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpufleet.catalog.registry import Catalog, load_catalog
+from gpufleet.catalog.registry import DEFAULT_GPU, Catalog, load_catalog
 from gpufleet.errors import InputError
 
 CatalogOption = typer.Option(
@@ -21,8 +21,6 @@ CalibrationOption = typer.Option(
     None, "--calibration",
     help="A calibration profile (`gpufleet calibrate` writes one): its GPU entries override the built-in ones.",
 )
-#: The GPU a command assumes when neither --gpu nor --node names one.
-DEFAULT_GPU = "h100-sxm"
 #: The largest GPU count `plan` and `fabric build` accept (judgement: 16x the largest clusters announced by 2026,
 #: so that no real plan is refused, while a typo of three extra zeros gets one line instead of a search or a graph
 #: of millions of nodes).

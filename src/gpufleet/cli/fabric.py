@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import MAX_SWEEP_COUNTS, CatalogOption, JsonOption, check_gpu_count, gpu_for, open_catalog
-from gpufleet.cli.facility import resolve_node
 from gpufleet.cli.output import Output
 from gpufleet.economics.defaults import facility_defaults
+from gpufleet.economics.requests import resolve_node
 from gpufleet.errors import InputError
 from gpufleet.fabric.bom import bill_of_materials
 from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
