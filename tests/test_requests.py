@@ -126,3 +126,4 @@ def test_facility_request_needs_a_node_or_a_gpu() -> None:
     with pytest.raises(InputError) as refused:
         facility_report(FacilityRequest(gpus=8), load_catalog([]))
     assert str(refused.value) == _cli_error("facility", "--gpus", "8")
+
