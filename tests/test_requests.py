@@ -18,6 +18,7 @@ from gpufleet.economics.requests import (
     facility_report,
 )
 from gpufleet.errors import InputError
+from gpufleet.fabric.requests import FabricBuildRequest, FabricSimulateRequest, build_fabric, simulate_fabric
 from gpufleet.parallel.memory_request import MemoryRequest
 from gpufleet.planner.memory_report import memory_report
 from gpufleet.reliability.request import DEFAULT_GPUS_PER_NODE, ReliabilityRequest, reliability_report
@@ -127,3 +128,28 @@ def test_facility_request_needs_a_node_or_a_gpu() -> None:
         facility_report(FacilityRequest(gpus=8), load_catalog([]))
     assert str(refused.value) == _cli_error("facility", "--gpus", "8")
 
+
+
+@pytest.mark.parametrize(("fields", "flags"), [
+    ({"gpus": "1"}, ["--gpus", "1"]),
+    ({"gpus": "64", "collective": "foo"}, ["--gpus", "64", "--collective", "foo"]),
+    ({"gpus": "64", "routing": "foo"}, ["--gpus", "64", "--routing", "foo"]),
+    ({"gpus": "64", "size": "0"}, ["--gpus", "64", "--size", "0"]),
+    ({"gpus": "64", "placement": "x"}, ["--gpus", "64", "--placement", "x"]),
+])
+def test_fabric_simulate_request_refuses_what_the_cli_refuses(fields: dict[str, object], flags: list[str]) -> None:
+    with pytest.raises(InputError) as refused:
+        FabricSimulateRequest(**fields)  # type: ignore[arg-type]
+    assert str(refused.value) == _cli_error("fabric", "simulate", *flags)
+
+
+def test_fabric_requests_answer_as_the_cli_does() -> None:
+    catalog = load_catalog([])
+    with pytest.raises(InputError) as refused:
+        simulate_fabric(FabricSimulateRequest(gpus="64", seed=3), catalog)
+    assert str(refused.value) == _cli_error("fabric", "simulate", "--gpus", "64", "--seed", "3")
+    built = build_fabric(FabricBuildRequest(gpus=1024, topology="rail-optimized"), catalog)
+    cli = run_gpufleet("fabric", "build", "--gpus", "1024", "--topology", "rail-optimized", "--json")
+    assert built.data == json.loads(cli.stdout)
+    with pytest.raises(ValidationError):
+        FabricBuildRequest(gpus=0)

@@ -12,7 +12,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, InputError
+
+#: The largest GPU count `plan` and `fabric build` accept (judgement: 16x the largest clusters announced by 2026,
+#: so that no real plan is refused, while a typo of three extra zeros gets one line instead of a search or a graph
+#: of millions of nodes).
+MAX_GPUS = 2**20
+#: The most GPU counts one sweep (`plan`, `fabric simulate`) takes: each is a full layout search or simulation.
+MAX_SWEEP_COUNTS = 64
+
+
+def check_gpu_count(count: int, flag: str = "--gpus") -> None:
+    """Refuse a GPU count above MAX_GPUS with one line."""
+    if count > MAX_GPUS:
+        raise InputError(f"{flag} {count:,} is more than {MAX_GPUS:,}, the most gpufleet plans for (the largest "
+                         "clusters built hold ~10^5 GPUs)")
 
 
 def own_error(error: ValidationError) -> GpufleetError | None:

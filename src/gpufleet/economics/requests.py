@@ -15,13 +15,13 @@ from typing import Any, cast, get_args
 from pydantic import model_validator
 
 from gpufleet.catalog.economics_records import FacilityDefaults, Pricing
-from gpufleet.catalog.records import NetworkSpec, NodeSpec
+from gpufleet.catalog.records import NodeSpec
 from gpufleet.catalog.registry import DEFAULT_GPU, Catalog
 from gpufleet.economics.compare import CostComparison, CostInputs, compare_costs
 from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.facility import FacilityEstimate, estimate_facility
 from gpufleet.errors import InputError
-from gpufleet.fabric.topology import check_node_holds
+from gpufleet.fabric.requests import node_network, resolve_node
 from gpufleet.request import Request
 from gpufleet.units import parse_count
 
@@ -33,24 +33,6 @@ FACILITY_FLAGS = {"rack_kw": "--rack-kw", "pue": "--pue", "usd_per_kwh": "--usd-
 MAX_RACK_KW = 10_000
 #: The owned cluster `cost` prices when neither --gpus nor --plan gives its size.
 DEFAULT_ONPREM_GPUS = 512
-
-
-def resolve_node(cat: Catalog, node: str | None, gpu: str | None) -> NodeSpec:
-    """--node, which must hold --gpu when both are given; else the catalog's default node for --gpu; one of
-    them is required."""
-    if node:
-        spec = cat.node(node)
-        if gpu:
-            check_node_holds(spec, cat.gpu(gpu).id)
-        return spec
-    if gpu:
-        return cat.node_for_gpu(gpu)
-    raise InputError("give --node NODE or --gpu GPU (see `gpufleet catalog list nodes`)")
-
-
-def node_network(cat: Catalog, node: NodeSpec) -> NetworkSpec | None:
-    record = cat.records("networks").get(node.default_network)
-    return record if isinstance(record, NetworkSpec) else None
 
 
 class FacilityRequest(Request):
