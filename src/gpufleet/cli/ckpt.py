@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,20 +18,11 @@ from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import EXIT_STORE_UNREACHABLE, Output, fail
-from gpufleet.runtime.checkpoint.requests import (
-    DEFAULT_DEADLINE_S,
-    Answer,
-    CopyRequest,
-    ListRequest,
-    PruneRequest,
-    VerifyRequest,
-    copy_checkpoints,
-    list_root,
-    prune_root,
-    verify_root,
-)
-from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
+from gpufleet.runtime.store_deadline import DEFAULT_DEADLINE_S
 from gpufleet.units import format_bytes
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint.requests import Answer
 
 WhereArgument = typer.Argument(..., help="A checkpoint root: a local folder or a URL (s3://bucket/prefix, file://…).")
 Where = Annotated[str, typer.Argument(help="A checkpoint root: a local folder or a URL (s3://bucket/prefix, file://…).")]
@@ -89,12 +80,16 @@ def list_(where: str = WhereArgument, json: bool = JsonOption) -> None:
 
     Example: `gpufleet ckpt list /checkpoints/run7` (or `s3://bucket/run7`)
     """
+    from gpufleet.runtime.checkpoint.requests import ListRequest, list_root
+
     with _unreachable_exits():
         answer = list_root(ListRequest(where=where))
     _finish(json, answer, lambda console: _render_list(console, answer))
 
 
 def _render_list(console: Console, answer: Answer) -> None:
+    from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
+
     table = Table(title=f"checkpoints in {answer.data['root']}", title_justify="left")
     for column in ("step", "complete", "size", "ranks", "path"):
         table.add_column(column)
@@ -119,6 +114,8 @@ def verify(where: str = WhereArgument, step: int = StepOption, json: bool = Json
 
     Example: `gpufleet ckpt verify /checkpoints/run7 --step 1200`
     """
+    from gpufleet.runtime.checkpoint.requests import VerifyRequest, verify_root
+
     request = VerifyRequest(where=where, step=step)
     with _unreachable_exits():
         answer = verify_root(request)
@@ -155,6 +152,8 @@ def prune(
 
     Example: `gpufleet ckpt prune /checkpoints/run7 --keep-last 3 --keep-every 1000 --dry-run`
     """
+    from gpufleet.runtime.checkpoint.requests import PruneRequest, prune_root
+
     request = PruneRequest(where=where, keep_last=keep_last, keep_every=keep_every, incomplete=incomplete,
                            checksums=checksums, dry_run=dry_run)
     with _unreachable_exits():
@@ -163,6 +162,8 @@ def prune(
 
 
 def _render_prune(console: Console, answer: Answer) -> None:
+    from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER
+
     data, doomed = answer.data, answer.extra["doomed"]
     verb = "would delete" if data["dry_run"] else "deleted"
     for step, path in doomed.items():
@@ -181,6 +182,8 @@ def _render_prune(console: Console, answer: Answer) -> None:
 
 def _copy(src: str, dst: str, step: int | None, max_mib_per_s: float | None, deadline_s: float, json: bool,
           verb: str) -> None:
+    from gpufleet.runtime.checkpoint.requests import CopyRequest, copy_checkpoints
+
     request = CopyRequest(source=src, destination=dst, step=step, max_mib_per_s=max_mib_per_s, deadline_s=deadline_s)
     with _unreachable_exits(deadline_s):
         answer = copy_checkpoints(request, verb)

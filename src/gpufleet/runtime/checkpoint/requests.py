@@ -33,11 +33,9 @@ from gpufleet.runtime.checkpoint.store import (
     with_retries,
 )
 from gpufleet.runtime.checkpoint.verify import NOT_A_FOLDER, check_complete, verify_checkpoint
+from gpufleet.runtime.store_deadline import DEFAULT_DEADLINE_S
 
 URL_FORMS = "a folder, or a URL such as s3://bucket/prefix"
-DEFAULT_DEADLINE_S = 30.0
-"""Judgement call: long enough to ride out a connection reset or a store's brief 5xx burst, short enough that a
-script learns of an outage in well under a minute."""
 
 
 def open_root_url(where: str, deadline_s: float | None = None) -> tuple[Any, str]:
