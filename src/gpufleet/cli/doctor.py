@@ -11,7 +11,6 @@ from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import Output
-from gpufleet.errors import InputError
 
 if TYPE_CHECKING:
     from gpufleet.runtime.doctor.checks import NodeReport
@@ -31,19 +30,6 @@ Examples:
 
     gpufleet doctor nccl-log run.log --json | jq '.findings[].id'
 """
-
-
-def _read_text(path: Path) -> str:
-    """A log's text; one line when it cannot be read."""
-    if path.is_dir():
-        raise InputError(f"{path} is a folder; give the log file (NCCL_DEBUG=INFO output)")
-    if path.exists() and not path.is_file():  # a named pipe or a device would be read forever
-        raise InputError(f"{path} is not a regular file; give the log file (NCCL_DEBUG=INFO output)")
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
-    return data.decode("utf-8", errors="replace")
 
 
 def _finding_rows(findings: tuple[Finding, ...]) -> list[dict[str, Any]]:
@@ -114,10 +100,10 @@ def nccl_log_command(
     file: Path = typer.Argument(..., help="An NCCL_DEBUG=INFO log (stdout/stderr of the job)."),
     json_out: bool = JsonOption,
 ) -> None:
-    from gpufleet.runtime.doctor.nccl_log import read_nccl_log
+    from gpufleet.runtime.doctor.nccl_log import read_nccl_log_file
 
     out = Output(json_mode=json_out)
-    report = read_nccl_log(_read_text(file), source=str(file))
+    report = read_nccl_log_file(file)
     data = _nccl_log_data(file, report)
     failed = [row for row in data["findings"] if row["severity"] == "error"]
     if failed:
@@ -164,8 +150,6 @@ def _request(gpus: int | None, nic_gbps: float | None, checkpoint_path: Path | N
     from gpufleet.runtime.doctor.node import DoctorRequest
     from gpufleet.units import parse_bytes
 
-    if (need_free or disk_speed or min_disk_write_gbps) and checkpoint_path is None:
-        raise InputError("--need-free, --disk-speed and --min-disk-write-gbps need --checkpoint-path DIR")
     return DoctorRequest(
         expected_gpus=gpus, expected_nic_gbps=nic_gbps, checkpoint_path=checkpoint_path,
         need_free_bytes=parse_bytes(need_free, "--need-free") if need_free else None,

@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from gpufleet.errors import InputError
@@ -271,3 +272,16 @@ def read_nccl_log(text: str, source: str = "the log") -> NcclLogReport:
         raise InputError(f"{source} holds no NCCL log line (expected NCCL_DEBUG=INFO output such as "
                          "'host:1234:1300 [0] NCCL INFO Using network IB'); run with NCCL_DEBUG=INFO")
     return NcclLogReport(summary, findings_for(summary))
+
+
+def read_nccl_log_file(path: Path) -> NcclLogReport:
+    """A log file read and parsed; one line when it cannot be read (a folder, a pipe, a permission)."""
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give the log file (NCCL_DEBUG=INFO output)")
+    if path.exists() and not path.is_file():  # a named pipe or a device would be read forever
+        raise InputError(f"{path} is not a regular file; give the log file (NCCL_DEBUG=INFO output)")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
+    return read_nccl_log(data.decode("utf-8", errors="replace"), source=str(path))
