@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from gpufleet.catalog.registry import load_catalog
-from gpufleet.cli.fabric import block_span
 from gpufleet.fabric.collectives import bus_factor, collective_cost
 from gpufleet.fabric.graph import join_clusters
+from gpufleet.fabric.requests import block_span
 from gpufleet.fabric.simulate import SimResult, simulate_collective, simulate_ranks
 from gpufleet.fabric.topology import Cluster, Fabric
 

@@ -100,6 +100,10 @@ class PurchasePrice(Record):
         return self
 
 
+#: The id of the facility_defaults and reliability_defaults entries the commands read.
+DEFAULT_ID = "default"
+
+
 class FacilityDefaults(Record):
     """Facility and operations assumptions for power, racks, cooling and on-prem TCO (judgement calls)."""
 

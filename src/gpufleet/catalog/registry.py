@@ -28,6 +28,8 @@ from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_
 from gpufleet.input_files import load_yaml
 
 ENV_VAR = "GPUFLEET_CATALOG"
+#: The GPU a command or request assumes when neither a GPU nor a node names one.
+DEFAULT_GPU = "h100-sxm"
 
 #: kind name -> record type (economics kinds come from catalog.economics_records).
 KINDS: dict[str, type[Record]] = {

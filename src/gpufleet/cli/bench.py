@@ -11,15 +11,10 @@ from rich.table import Table
 
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
-from gpufleet.errors import InputError
-from gpufleet.units import format_bytes, parse_bytes
+from gpufleet.units import format_bytes
 
 if TYPE_CHECKING:
-    from gpufleet.fabric.topology import Cluster
-
-#: The largest buffer a bench takes (judgement: twice the largest HBM in the catalog; a typo of extra zeros gets
-#: one line instead of an out-of-memory crash).
-MAX_BENCH_BYTES = 2**39
+    pass
 
 COLLECTIVES_HELP = """Time all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and send/recv over a size
 sweep; algbw and busbw by nccl-tests' definitions (GB/s = 10^9 bytes/s), next to what gpufleet's fabric model
@@ -32,26 +27,6 @@ Examples:
 
     torchrun --standalone --nproc-per-node 4 -m gpufleet bench collectives --ops all-reduce --max-bytes 16MiB --json
 """
-
-
-def _size(text: str, flag: str) -> int:
-    return int(parse_bytes(text, flag, least_bytes=1, most_bytes=MAX_BENCH_BYTES))
-
-
-def _expected_cluster(catalog_paths: list[Path] | None, node: str | None, network: str | None, ranks: int,
-                      oversubscription: float) -> Cluster | None:
-    """The cluster the model prices the collectives on: `ranks` GPUs of --node-type on --network; None without
-    --node-type."""
-    if node is None:
-        if network is not None:
-            raise InputError("--network needs --node-type (the node type whose GPUs the ranks are)")
-        return None
-    from gpufleet.fabric.topology import Cluster, Fabric
-
-    catalog = open_catalog(catalog_paths)
-    node_spec = catalog.node(node)
-    net = catalog.network(network or node_spec.default_network)
-    return Cluster(catalog.gpu(node_spec.gpu), node_spec, ranks, Fabric(net, "fat-tree", oversubscription))
 
 
 def _render_collectives(rows: list[dict[str, Any]], ranks: int, backend: str) -> Any:
@@ -84,14 +59,20 @@ def collectives_command(
     catalog: list[Path] | None = CatalogOption,
     json_out: bool = JsonOption,
 ) -> None:
-    from gpufleet.runtime.bench.busbw import parse_ops, size_sweep
-    from gpufleet.runtime.bench.collectives import CollectivesRequest, bench_collectives, init_process_group
+    from gpufleet.runtime.bench.busbw import bench_bytes, parse_ops, size_sweep
+    from gpufleet.runtime.bench.collectives import (
+        CollectivesRequest,
+        bench_collectives,
+        expected_cluster,
+        init_process_group,
+    )
 
-    sizes = size_sweep(_size(min_bytes, "--min-bytes"), _size(max_bytes, "--max-bytes"), factor)
+    sizes = size_sweep(bench_bytes(min_bytes, "--min-bytes"), bench_bytes(max_bytes, "--max-bytes"), factor)
     chosen = parse_ops(ops)
     dist = init_process_group("bench collectives")
     try:
-        cluster = _expected_cluster(catalog, node, network, dist.get_world_size(), oversubscription)
+        ranks = dist.get_world_size()
+        cluster = expected_cluster(lambda: open_catalog(catalog), node, network, ranks, oversubscription)
         rows = bench_collectives(dist, CollectivesRequest(chosen, sizes, iters, warmup, cluster))
         if dist.get_rank() == 0:
             data = {"ranks": dist.get_world_size(), "backend": dist.get_backend(),
@@ -126,12 +107,10 @@ def gemm_command(
 
         gpufleet bench gemm --model llama3-8b --tokens 512 --dtype fp32 --json
     """
-    from gpufleet.runtime.bench.gemm import DTYPES, bench_gemm
+    from gpufleet.runtime.bench.gemm import bench_gemm, parse_dtypes
     from gpufleet.runtime.bench.shapes import model_gemm_shapes
 
-    names = [name.strip() for name in dtypes.split(",") if name.strip()]
-    if not names or any(name not in DTYPES for name in names):
-        raise InputError(f"--dtype {dtypes!r}: each must be one of {', '.join(DTYPES)}")
+    names = parse_dtypes(dtypes)
     spec = open_catalog(catalog).model(model)
     peaks = {name: _peak_flops(catalog, gpu, name) for name in names}
     rows = bench_gemm(model_gemm_shapes(spec, tokens, tp), names, iters, warmup)
@@ -166,10 +145,11 @@ def memory_command(
 
         gpufleet bench memory --size 256MiB --json
     """
+    from gpufleet.runtime.bench.busbw import bench_bytes
     from gpufleet.runtime.bench.memory import bench_memory
 
     peak = open_catalog(catalog).gpu(gpu).hbm_bytes_per_s if gpu else None
-    row = bench_memory(_size(size, "--size"), iters)
+    row = bench_memory(bench_bytes(size, "--size"), iters)
     data = {"size_bytes": row.size_bytes, "time_s": row.time_s, "bandwidth_gbps": row.bytes_per_s / 1e9,
             "peak_gbps": peak / 1e9 if peak else None,
             "fraction_of_peak": row.bytes_per_s / peak if peak else None, "device": row.device}
@@ -196,11 +176,9 @@ def disk_command(
 
         gpufleet bench disk /mnt/lustre/ckpt --json
     """
-    from gpufleet.runtime.bench.disk import bench_disk
+    from gpufleet.runtime.bench.disk import bench_disk, disk_sizes
 
-    sizes_bytes = tuple(_size(item, "--sizes") for item in sizes.split(",") if item.strip())
-    if not sizes_bytes:
-        raise InputError("--sizes needs at least one size, such as 256MiB,1GiB")
+    sizes_bytes = disk_sizes(sizes)
     rows = bench_disk(path, sizes_bytes, repeats)
     data: dict[str, Any] = {"path": str(path), "rows": [
         {"size_bytes": row.size_bytes, "write_s": row.write_s, "write_gbps": row.write_bytes_per_s / 1e9,

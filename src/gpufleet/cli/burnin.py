@@ -4,7 +4,7 @@ killed worker), run under torchrun; with --measure-host, the host measurements t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -39,74 +39,84 @@ gloo on CPU, NCCL on GPUs (--backend to choose). Flags are spelled so that none 
 """
 
 
+Steps = Annotated[int, typer.Option("--steps", help="Train to this step (a resumed run continues to it).")]
+CheckpointDir = Annotated[Path, typer.Option("--checkpoint-dir", help="Checkpoint folder.")]
+LogFile = Annotated[Path, typer.Option("--log-file", help="JSON lines, one per step (rank 0 appends).")]
+CheckpointEvery = Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and at the end).")]
+KeepLast = Annotated[int, typer.Option("--keep-last", help="Checkpoints kept.")]
+MicroBatch = Annotated[int, typer.Option("--micro-batch", help="Sequences per rank per step.")]
+Layers = Annotated[int, typer.Option("--layers", help="Transformer blocks.")]
+Hidden = Annotated[int, typer.Option("--hidden", help="Model width.")]
+Heads = Annotated[int, typer.Option("--heads", help="Attention heads.")]
+FfnHidden = Annotated[int, typer.Option("--ffn-hidden", help="MLP width.")]
+Vocab = Annotated[int, typer.Option("--vocab", help="Vocabulary size.")]
+SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
+Lr = Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")]
+WarmupSteps = Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of weights and data.")]
+Threads = Annotated[int, typer.Option("--threads", help="torch threads per rank (0: torch's default).")]
+Backend = Annotated[str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with CUDA, else gloo).")]
+MetricsPort = Annotated[int | None, typer.Option(
+    "--metrics-port", help="Serve StepMonitor's metrics on this port + local rank.")]
+PlanFile = Annotated[Path | None, typer.Option(
+    "--plan", help="A `gpufleet plan --json` file to compare step times with.")]
+MeasureHost = Annotated[Path | None, typer.Option(
+    "--measure-host", help="Measure this host (GEMMs at the model's shapes, attention, "
+    "element-wise kernels, the collectives as FSDP2 runs them, the optimizer, "
+    "disk at --checkpoint-dir) between the training steps, write a catalog "
+    "YAML file for it at the end, and compare the plan's step with the run's.")]
+MeasureRounds = Annotated[int, typer.Option(
+    "--measure-rounds", help="Measurement rounds spread over the run (each figure is the median "
+    "over rounds, as the step is the median over steps; more rounds take no "
+    f"longer in all). 1 to {MAX_MEASURE_ROUNDS}.")]
+MeasureClock = Annotated[str, typer.Option(
+    "--measure-clock", help="What --measure-host times with: wall seconds, or cpu seconds of "
+    "each process (on a host other jobs share; compare with the log's cpu_s).")]
+
+
+def burnin(
+    steps: Steps = 20, checkpoint_dir: CheckpointDir = Path("burnin-ckpt"), log_file: LogFile = Path("burnin.jsonl"),
+    checkpoint_every: CheckpointEvery = 5, keep_last: KeepLast = 2, micro_batch: MicroBatch = 4, layers: Layers = 2,
+    hidden: Hidden = 128, heads: Heads = 4, ffn_hidden: FfnHidden = 512, vocab: Vocab = 512, seq_len: SeqLen = 64,
+    lr: Lr = 3e-3, warmup_steps: WarmupSteps = 10, seed: Seed = 1234, threads: Threads = 1, backend: Backend = None,
+    metrics_port: MetricsPort = None, plan: PlanFile = None, measure_host: MeasureHost = None,
+    measure_rounds: MeasureRounds = DEFAULT_MEASURE_ROUNDS, measure_clock: MeasureClock = "wall",
+    json_output: bool = JsonOption,
+) -> None:
+    from gpufleet.runtime.burnin.config import BurninConfig, ModelShape, identity_from_env
+
+    out = Output(json_mode=json_output)
+    shape = ModelShape(layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab,
+                       seq_len=seq_len)
+    config = BurninConfig(steps=steps, checkpoint_dir=checkpoint_dir, log_file=log_file, shape=shape,
+                          micro_batch=micro_batch, checkpoint_every=checkpoint_every, keep_last=keep_last, lr=lr,
+                          warmup_steps=warmup_steps, seed=seed, threads=threads or None,
+                          metrics_port=metrics_port, plan=plan, backend=backend,
+                          measure_clock=measure_clock, measure_host=measure_host, measure_rounds=measure_rounds)
+    require_extra("torch", "`gpufleet burnin`")  # before saying how to launch: torchrun comes with torch
+    identity_from_env()  # outside torchrun: say how to launch, before torch is imported
+    from gpufleet.runtime.burnin.train import run_burnin
+
+    result = run_burnin(config)
+    if result.rank != 0:
+        return
+    host = _write_host(out, config, result)
+    data = {"rank": result.rank, "world_size": result.world_size, "restart": result.restart,
+            "resumed_from": result.resumed_from, "first_step": result.first_step, "last_step": result.last_step,
+            "final_loss": result.final_loss, "median_step_s": result.median_step_s, "host": host}
+    out.emit(data, lambda console: _render(console, config, result))
+
+
+def _render(console: Console, config: BurninConfig, result: BurninResult) -> None:
+    where = "a fresh start" if result.resumed_from is None else f"checkpoint step {result.resumed_from}"
+    median = "-" if result.median_step_s is None else f"{result.median_step_s:.4f} s"
+    loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
+    console.print(f"burn-in: {result.world_size} ranks, steps {result.first_step}-{result.last_step} from "
+                  f"{where}; final loss {loss}; median step {median}; log {config.log_file}")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("burnin", help=HELP)
-    def burnin(
-        steps: int = typer.Option(20, "--steps", help="Train to this step (a resumed run continues to it)."),
-        checkpoint_dir: Path = typer.Option(Path("burnin-ckpt"), "--checkpoint-dir", help="Checkpoint folder."),
-        log_file: Path = typer.Option(Path("burnin.jsonl"), "--log-file",
-                                      help="JSON lines, one per step (rank 0 appends)."),
-        checkpoint_every: int = typer.Option(5, "--checkpoint-every", help="Save every N steps (and at the end)."),
-        keep_last: int = typer.Option(2, "--keep-last", help="Checkpoints kept."),
-        micro_batch: int = typer.Option(4, "--micro-batch", help="Sequences per rank per step."),
-        layers: int = typer.Option(2, "--layers", help="Transformer blocks."),
-        hidden: int = typer.Option(128, "--hidden", help="Model width."),
-        heads: int = typer.Option(4, "--heads", help="Attention heads."),
-        ffn_hidden: int = typer.Option(512, "--ffn-hidden", help="MLP width."),
-        vocab: int = typer.Option(512, "--vocab", help="Vocabulary size."),
-        seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence."),
-        lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (AdamW)."),
-        warmup_steps: int = typer.Option(10, "--warmup-steps", help="Linear warm-up steps."),
-        seed: int = typer.Option(1234, "--seed", help="Seed of weights and data."),
-        threads: int = typer.Option(1, "--threads", help="torch threads per rank (0: torch's default)."),
-        backend: str = typer.Option(None, "--backend", help="gloo or nccl (default: nccl with CUDA, else gloo)."),
-        metrics_port: int = typer.Option(None, "--metrics-port",
-                                         help="Serve StepMonitor's metrics on this port + local rank."),
-        plan: Path = typer.Option(None, "--plan", help="A `gpufleet plan --json` file to compare step times with."),
-        measure_host: Path = typer.Option(None, "--measure-host",
-                                          help="Measure this host (GEMMs at the model's shapes, attention, "
-                                          "element-wise kernels, the collectives as FSDP2 runs them, the optimizer, "
-                                          "disk at --checkpoint-dir) between the training steps, write a catalog "
-                                          "YAML file for it at the end, and compare the plan's step with the run's."),
-        measure_rounds: int = typer.Option(DEFAULT_MEASURE_ROUNDS, "--measure-rounds",
-                                           help="Measurement rounds spread over the run (each figure is the median "
-                                           "over rounds, as the step is the median over steps; more rounds take no "
-                                           f"longer in all). 1 to {MAX_MEASURE_ROUNDS}."),
-        measure_clock: str = typer.Option("wall", "--measure-clock",
-                                          help="What --measure-host times with: wall seconds, or cpu seconds of "
-                                          "each process (on a host other jobs share; compare with the log's cpu_s)."),
-        json_output: bool = JsonOption,
-    ) -> None:
-        from gpufleet.runtime.burnin.config import BurninConfig, ModelShape, identity_from_env
-
-        out = Output(json_mode=json_output)
-        shape = ModelShape(layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab,
-                           seq_len=seq_len)
-        config = BurninConfig(steps=steps, checkpoint_dir=checkpoint_dir, log_file=log_file, shape=shape,
-                              micro_batch=micro_batch, checkpoint_every=checkpoint_every, keep_last=keep_last, lr=lr,
-                              warmup_steps=warmup_steps, seed=seed, threads=threads or None,
-                              metrics_port=metrics_port, plan=plan, backend=backend,
-                              measure_clock=measure_clock, measure_host=measure_host, measure_rounds=measure_rounds)
-        require_extra("torch", "`gpufleet burnin`")  # before saying how to launch: torchrun comes with torch
-        identity_from_env()  # outside torchrun: say how to launch, before torch is imported
-        from gpufleet.runtime.burnin.train import run_burnin
-
-        result = run_burnin(config)
-        if result.rank != 0:
-            return
-        host = _write_host(out, config, result)
-        data = {"rank": result.rank, "world_size": result.world_size, "restart": result.restart,
-                "resumed_from": result.resumed_from, "first_step": result.first_step, "last_step": result.last_step,
-                "final_loss": result.final_loss, "median_step_s": result.median_step_s, "host": host}
-
-        def render(console: Console) -> None:
-            where = "a fresh start" if result.resumed_from is None else f"checkpoint step {result.resumed_from}"
-            median = "-" if result.median_step_s is None else f"{result.median_step_s:.4f} s"
-            loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
-            console.print(f"burn-in: {result.world_size} ranks, steps {result.first_step}-{result.last_step} from "
-                          f"{where}; final loss {loss}; median step {median}; log {config.log_file}")
-
-        out.emit(data, render)
+    app.command("burnin", help=HELP)(burnin)
 
 
 def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict[str, object] | None:

@@ -19,7 +19,6 @@ from gpufleet.catalog.registry import KINDS, as_plain
 from gpufleet.catalog.stacks import StackRecord
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
-from gpufleet.errors import UnknownNameError
 from gpufleet.workload.params import count_params
 
 
@@ -82,10 +81,7 @@ def register(app: typer.Typer) -> None:
         Example: `gpufleet catalog list models` (or gpus, nodes, networks, calibrations, cloud_offers, …)
         """
         cat = open_catalog(catalog)
-        kinds = [kind] if kind else list(KINDS)
-        for name in kinds:
-            if name not in KINDS:
-                raise UnknownNameError("catalog kind", name, KINDS)
+        kinds = [kind] if kind else list(KINDS)  # an unknown kind: Catalog.records names the known ones
         data = {k: {rid: _summary(cat.calibration(rid) if k == "calibrations" else rec)  # with the fits applied
                     for rid, rec in cat.records(k).items()} for k in kinds}
 

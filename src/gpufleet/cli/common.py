@@ -8,8 +8,10 @@ from pathlib import Path
 import typer
 
 from gpufleet.catalog.judgements import activate
-from gpufleet.catalog.registry import Catalog, load_catalog
-from gpufleet.errors import InputError
+from gpufleet.catalog.registry import DEFAULT_GPU, Catalog, load_catalog
+from gpufleet.request import MAX_GPUS as MAX_GPUS
+from gpufleet.request import MAX_SWEEP_COUNTS as MAX_SWEEP_COUNTS
+from gpufleet.request import check_gpu_count as check_gpu_count
 
 CatalogOption = typer.Option(
     None,
@@ -22,23 +24,6 @@ CalibrationOption = typer.Option(
     None, "--calibration",
     help="A calibration profile (`gpufleet calibrate` writes one): its GPU entries override the built-in ones.",
 )
-#: The GPU a command assumes when neither --gpu nor --node names one.
-DEFAULT_GPU = "h100-sxm"
-#: The largest GPU count `plan` and `fabric build` accept (judgement: 16x the largest clusters announced by 2026,
-#: so that no real plan is refused, while a typo of three extra zeros gets one line instead of a search or a graph
-#: of millions of nodes).
-MAX_GPUS = 2**20
-#: The most GPU counts one sweep (`plan`, `fabric simulate`) takes: each is a full layout search or simulation.
-MAX_SWEEP_COUNTS = 64
-
-
-def check_gpu_count(count: int, flag: str = "--gpus") -> None:
-    """Refuse a GPU count above MAX_GPUS with one line."""
-    if count > MAX_GPUS:
-        raise InputError(f"{flag} {count:,} is more than {MAX_GPUS:,}, the most gpufleet plans for (the largest "
-                         "clusters built hold ~10^5 GPUs)")
-
-
 def open_catalog(paths: list[Path] | None) -> Catalog:
     """The built-in catalog plus the user's files (--catalog, $GPUFLEET_CATALOG), all of it checked now: a
     broken override fails every command the same way, whichever kinds the command reads."""

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import Output
-from gpufleet.errors import InputError
 
 if TYPE_CHECKING:
     from gpufleet.runtime.doctor.checks import NodeReport
@@ -155,8 +154,6 @@ def _request(gpus: int | None, nic_gbps: float | None, checkpoint_path: Path | N
     from gpufleet.runtime.doctor.node import DoctorRequest
     from gpufleet.units import parse_bytes
 
-    if (need_free or disk_speed or min_disk_write_gbps) and checkpoint_path is None:
-        raise InputError("--need-free, --disk-speed and --min-disk-write-gbps need --checkpoint-path DIR")
     return DoctorRequest(
         expected_gpus=gpus, expected_nic_gbps=nic_gbps, checkpoint_path=checkpoint_path,
         need_free_bytes=parse_bytes(need_free, "--need-free") if need_free else None,

@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from gpufleet.errors import InputError
-
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -52,17 +50,17 @@ def register(app: typer.Typer) -> None:
         - `gpufleet exporter --listen 0.0.0.0:9401 --checkpoint-dir /checkpoints/run7 --plan plan.json`
         - `gpufleet exporter --fake-gpus 8 --fake-event 2:hw_thermal --once | promtool check metrics`
         """
-        from gpufleet.runtime.monitor.exporter import ExporterConfig, build_registry, open_reader, parse_listen
+        from gpufleet.runtime.monitor.exporter import (
+            ExporterConfig,
+            build_registry,
+            check_duration_s,
+            open_reader,
+            parse_listen,
+        )
         from gpufleet.runtime.monitor.plan_target import PlanTarget
 
         host, port = parse_listen(listen)
-        if duration is not None and duration <= 0:
-            raise InputError(f"--duration must be a positive number of seconds, got {duration}")
-        if fake_event and fake_gpus is None:
-            raise InputError("--fake-event needs --fake-gpus N (faults are injected into simulated GPUs only)")
-        for folder in checkpoint_dir or []:
-            if not folder.is_dir():
-                raise InputError(f"--checkpoint-dir {folder} is not a folder")
+        check_duration_s(duration)
         config = ExporterConfig(host=host, port=port, fake_gpus=fake_gpus, fake_events=tuple(fake_event or ()),
                                 checkpoint_dirs=tuple(checkpoint_dir or ()), sysfs_root=sysfs_root,
                                 plan=None if plan is None else PlanTarget.from_file(plan, plan_index))

@@ -24,7 +24,7 @@ from gpufleet.errors import CatalogError, InputError
 
 
 @dataclass(frozen=True)
-class CostRequest:
+class CostInputs:
     """What to price: GPU-hours of a GPU, the owned cluster to compare (node, size, facility) and the offers."""
 
     gpu: str
@@ -43,7 +43,7 @@ class CostComparison:
     """Every offer's bill (cheapest first), the offers too small for the cluster, and the owned cluster's (None,
     with `onprem_missing` saying why, when the catalog cannot price it: no purchase price for its node)."""
 
-    request: CostRequest
+    request: CostInputs
     costs: tuple[OfferCost, ...]
     skipped: tuple[SkippedOffer, ...]
     tco: OnPremTco | None
@@ -122,7 +122,7 @@ def _offers(catalog: Catalog, gpu: str, pricing: Sequence[str]) -> list[CloudOff
     return offers
 
 
-def compare_costs(catalog: Catalog, request: CostRequest) -> CostComparison:
+def compare_costs(catalog: Catalog, request: CostInputs) -> CostComparison:
     """Price the GPU-hours on every offer (those that can supply the cluster, when its size is known) and on the
     owned cluster, against the break-even offer."""
     offers = _offers(catalog, request.gpu, request.pricing)

@@ -7,12 +7,11 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from gpufleet.catalog.economics_records import FacilityDefaults, ReliabilityDefaults
+from gpufleet.catalog.economics_records import DEFAULT_ID, FacilityDefaults, ReliabilityDefaults
 from gpufleet.catalog.records import Record
 from gpufleet.catalog.registry import Catalog, describe_validation_error
 from gpufleet.errors import InputError
 
-DEFAULT_ID = "default"
 R = TypeVar("R", bound=Record)
 
 

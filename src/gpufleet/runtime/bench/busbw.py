@@ -19,6 +19,16 @@ from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import OPS, Op, bus_factor, collective_cost
 from gpufleet.fabric.placement import span_over_nodes
 from gpufleet.fabric.topology import Cluster
+from gpufleet.units import parse_bytes
+
+#: The largest buffer a bench takes (judgement: twice the largest HBM in the catalog; a typo of extra zeros gets
+#: one line instead of an out-of-memory crash).
+MAX_BENCH_BYTES = 2**39
+
+
+def bench_bytes(text: str, flag: str) -> int:
+    """A buffer size a bench takes: 1 byte to MAX_BENCH_BYTES."""
+    return int(parse_bytes(text, flag, least_bytes=1, most_bytes=MAX_BENCH_BYTES))
 
 #: A measured bus bandwidth below this fraction of what the model expects is flagged as a shortfall. Judgement:
 #: well-tuned NCCL reaches 85-95 % of the model's achievable figure at large sizes; the seeds' TCP fallback

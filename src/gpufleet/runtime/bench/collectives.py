@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import Op
-from gpufleet.fabric.topology import Cluster
+from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.runtime.bench.busbw import CollectiveRow, expected_busbw_gbps, measured_row
 
 LAUNCH_HINT = ("run it under torchrun, e.g. `torchrun --nproc-per-node 8 -m gpufleet bench collectives`, or under "
@@ -168,3 +169,17 @@ def bench_collectives(dist: Any, request: CollectivesRequest) -> list[Collective
             expected = expected_busbw_gbps(op, size_bytes, request.cluster) if request.cluster else None
             rows.append(measured_row(op, size_bytes, ranks, seconds, expected, per_node))
     return rows
+
+
+def expected_cluster(catalog: Callable[[], Catalog], node: str | None, network: str | None, ranks: int,
+                     oversubscription: float) -> Cluster | None:
+    """The cluster the model prices the collectives on: `ranks` GPUs of --node-type on --network; None without
+    --node-type (`catalog()` opens the catalog, only with one)."""
+    if node is None:
+        if network is not None:
+            raise InputError("--network needs --node-type (the node type whose GPUs the ranks are)")
+        return None
+    cat = catalog()
+    node_spec = cat.node(node)
+    net = cat.network(network or node_spec.default_network)
+    return Cluster(cat.gpu(node_spec.gpu), node_spec, ranks, Fabric(net, "fat-tree", oversubscription))

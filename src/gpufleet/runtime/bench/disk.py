@@ -15,6 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.errors import InputError
+from gpufleet.runtime.bench.busbw import bench_bytes
+
+
+def disk_sizes(text: str) -> tuple[int, ...]:
+    """A comma list of file sizes for `bench disk`, at least one."""
+    sizes = tuple(bench_bytes(item, "--sizes") for item in text.split(",") if item.strip())
+    if not sizes:
+        raise InputError("--sizes needs at least one size, such as 256MiB,1GiB")
+    return sizes
 
 #: Block size of each write and read call. Judgement: 8 MiB is past the point where larger blocks stop helping on
 #: local NVMe and network file systems alike, and is what `dd bs=8M` comparisons use.

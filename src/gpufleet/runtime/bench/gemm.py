@@ -17,6 +17,14 @@ from gpufleet.errors import InputError
 from gpufleet.runtime.bench.shapes import GemmShape
 
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """A comma list of DTYPES, at least one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in DTYPES for name in names):
+        raise InputError(f"--dtype {text!r}: each must be one of {', '.join(DTYPES)}")
+    return names
 #: CUDA compute capability from which FP8 tensor-core GEMMs exist (Ada 8.9, Hopper 9.0)
 FP8_MIN_CAPABILITY = (8, 9)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.errors import InputError
 from gpufleet.runtime.doctor.checks import CheckResult, NodeReport
 from gpufleet.runtime.doctor.gpu import gpu_checks
 from gpufleet.runtime.doctor.seams import NodeSeams
@@ -36,6 +37,11 @@ class DoctorRequest:
     measure_disk: Callable[[Path], DiskSpeed] | None = None  # None: no disk-speed check (it writes a scratch file)
     min_disk_write_bytes_per_s: float | None = None
     host: str | None = None
+
+    def __post_init__(self) -> None:
+        disk = self.need_free_bytes is not None or self.measure_disk or self.min_disk_write_bytes_per_s
+        if disk and self.checkpoint_path is None:
+            raise InputError("--need-free, --disk-speed and --min-disk-write-gbps need --checkpoint-path DIR")
 
 
 def check_node(request: DoctorRequest, seams: NodeSeams | None = None) -> NodeReport:

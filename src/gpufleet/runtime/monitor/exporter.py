@@ -43,6 +43,20 @@ class ExporterConfig:
     plan: PlanTarget | None = None
     hostname: str = field(default_factory=socket.gethostname)
 
+    def __post_init__(self) -> None:
+        if self.fake_events and self.fake_gpus is None:
+            raise InputError("--fake-event needs --fake-gpus N (faults are injected into simulated GPUs only)")
+        for folder in self.checkpoint_dirs:
+            if not folder.is_dir():
+                raise InputError(f"--checkpoint-dir {folder} is not a folder")
+
+
+def check_duration_s(duration: float | None) -> float | None:
+    """How long to serve (None: until stopped), refused unless positive."""
+    if duration is not None and duration <= 0:
+        raise InputError(f"--duration must be a positive number of seconds, got {duration}")
+    return duration
+
 
 def parse_listen(text: str) -> tuple[str, int]:
     """`ADDR:PORT` or `:PORT` (loopback) or `[v6]:PORT` -> (host, port), refusing anything else in one line."""
