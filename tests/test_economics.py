@@ -70,7 +70,10 @@ def test_cooling_tiers_follow_rack_power(catalog: Catalog) -> None:
     air = facility_defaults(catalog, rack_kw=25)
     liquid = facility_defaults(catalog, rack_kw=60)
     assert estimate_facility(node, 64, air).cooling == "air"  # 2 nodes, 20.4 kW
-    assert estimate_facility(node, 64, liquid).cooling == "direct-liquid"  # 4 nodes (by space), 40.8 kW
+    # 4 nodes (by space), 40.8 kW: NVIDIA's air-cooled reference rack, rear-door heat exchangers (limit 56 kW)
+    assert estimate_facility(node, 64, liquid).cooling == "rear-door"
+    denser = facility_defaults(catalog, rack_kw=60, rear_door_max_kw_per_rack=40)
+    assert estimate_facility(node, 64, denser).cooling == "direct-liquid"  # above a site's own 40 kW door limit
 
 
 def test_node_power_interpolates_with_mfu(catalog: Catalog) -> None:

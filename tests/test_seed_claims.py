@@ -98,12 +98,21 @@ def test_s000_idle_tax(catalog: Catalog) -> None:
     idle_gpu_hours = 500 * 0.10 * HOURS_PER_YEAR
     assert idle_gpu_hours == pytest.approx(438_000)
     assert 200_000 / idle_gpu_hours == pytest.approx(0.457, abs=0.001)  # implies $0.46 per GPU-hour
-    # an owned H100 costs ~$3.2 per useful GPU-hour (catalog TCO at 70%), so the tax is ~$1.4M/year
     defaults = facility_defaults(catalog)
     tco = onprem_tco(catalog, catalog.node("dgx-h100"), 512, defaults, catalog.network("ndr400"))
-    rate = tco.usd_per_gpu_hour(defaults.fleet_utilization)
-    assert 2.5 < rate < 4.0
-    assert idle_gpu_hours * rate > 5 * 200_000
+    u = defaults.fleet_utilization
+    # by hand: 64 DGX H100 at 30 % of 10.2 kW idle + 24 switches x 1 kW + 512 TB x 8 W, x PUE 1.3 x $0.08/kWh
+    idle_w_per_gpu = (64 * 0.3 * 10_200 + 24 * 1_000 + 512 * 8) / 512
+    assert idle_w_per_gpu == pytest.approx(437.375)
+    electricity = idle_gpu_hours * idle_w_per_gpu / 1e3 * 1.3 * 0.08
+    # the year's whole cost spread over every GPU-hour, busy or idle (not over the useful 70 % only)
+    owned = idle_gpu_hours * tco.annual_usd(u) / (512 * HOURS_PER_YEAR)
+    cost = tco.idle_capacity_usd(idle_gpu_hours, u)
+    assert cost.electricity_usd == pytest.approx(electricity) == pytest.approx(19_923, abs=1)
+    assert cost.owned_usd == pytest.approx(owned) == pytest.approx(0.986e6, rel=1e-3)
+    # the per-useful-hour rate counts idle time twice: 1/u times the owned valuation ($1.41M, the old figure)
+    assert idle_gpu_hours * tco.usd_per_gpu_hour(u) == pytest.approx(cost.owned_usd / u)
+    assert cost.electricity_usd < 200_000 / 9 and cost.owned_usd > 4.5 * 200_000  # the seed is wrong either way
 
 
 def test_s000_checkpoint_every_10_to_20_minutes(catalog: Catalog) -> None:

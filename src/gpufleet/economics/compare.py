@@ -92,6 +92,9 @@ class CostComparison:
             "amortization_years": self.request.defaults.amortization_years,
             "usd_per_gpu_hour": rate,
             "usd": rate * self.request.gpu_hours,
+            # every hour of the year, busy or idle (usd_per_gpu_hour is per *useful* hour), and an idle hour's power
+            "usd_per_gpu_hour_owned": tco.usd_per_gpu_hour_owned(u),
+            "idle_energy_usd_per_gpu_hour": tco.idle_energy_usd_per_gpu_hour,
             "capex_usd": tco.capex.total_usd,
             "capex": {
                 "servers_usd": tco.capex.servers_usd,

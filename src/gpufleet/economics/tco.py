@@ -41,6 +41,15 @@ class Capex:
 
 
 @dataclass(frozen=True)
+class IdleCapacityCost:
+    """Idle GPU-hours of an owned cluster priced at their electricity and at their share of the owning cost."""
+
+    idle_gpu_hours: float
+    electricity_usd: float
+    owned_usd: float
+
+
+@dataclass(frozen=True)
 class OnPremTco:
     """Yearly cost of an owned cluster as a function of utilization u in (0, 1]."""
 
@@ -80,6 +89,31 @@ class OnPremTco:
     def usd_per_gpu_hour(self, utilization: float) -> float:
         """Cost of one useful GPU-hour when the cluster works a fraction `utilization` of the time."""
         return self.annual_usd(utilization) / (self.gpus * HOURS_PER_YEAR * utilization)
+
+    def usd_per_gpu_hour_owned(self, utilization: float) -> float:
+        """Cost of one GPU-hour of the year, busy or idle: the annual cost over every hour (not only useful ones)."""
+        return self.annual_usd(utilization) / (self.gpus * HOURS_PER_YEAR)
+
+    @property
+    def idle_energy_usd_per_gpu_hour(self) -> float:
+        """Electricity of one idle GPU-hour (the node at its idle power, facility overhead included)."""
+        return self.energy_usd_per_year_idle / (self.gpus * HOURS_PER_YEAR)
+
+    def idle_capacity_usd(self, idle_gpu_hours: float, utilization: float) -> IdleCapacityCost:
+        """What `idle_gpu_hours` of owned capacity cost, valued two ways (seed 000's "10 % idle" claim).
+
+        `electricity_usd`: only the power the idle GPUs still draw (the hardware is paid for anyway). `owned_usd`:
+        the idle hours' share of everything the cluster costs (amortized capex, staff, upkeep, rent and power), at
+        the all-hours rate `usd_per_gpu_hour_owned`. Not the per-*useful*-hour rate `usd_per_gpu_hour`: that rate
+        already spreads the idle hours' cost over the useful ones, so multiplying idle hours by it counts them twice.
+        """
+        if idle_gpu_hours < 0:
+            raise InputError(f"idle GPU-hours must be at least 0, got {idle_gpu_hours!r}")
+        return IdleCapacityCost(
+            idle_gpu_hours=idle_gpu_hours,
+            electricity_usd=idle_gpu_hours * self.idle_energy_usd_per_gpu_hour,
+            owned_usd=idle_gpu_hours * self.usd_per_gpu_hour_owned(utilization),
+        )
 
     def breakeven_utilization(self, cloud_usd_per_gpu_hour: float) -> float | None:
         """Utilization above which owning is cheaper than renting; None if never within (0, 1]."""
