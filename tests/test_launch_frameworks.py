@@ -124,6 +124,59 @@ def test_the_seeds_deepspeed_example_is_rejected_with_each_problem_named() -> No
     assert result.stderr.startswith("error: 5 problem(s)") and len(result.stderr.splitlines()) == 1
 
 
+_DEEPSPEED_TRAINS = textwrap.dedent("""
+    import json, os, sys
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    import torch, deepspeed
+
+    for path in sys.argv[1:]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=path)
+        x = torch.randn(engine.train_micro_batch_size_per_gpu(), 16, dtype=torch.bfloat16)
+        for _ in range(engine.gradient_accumulation_steps()):  # one optimizer step
+            engine.backward(engine(x).float().pow(2).mean())
+            engine.step()
+        print(json.dumps({"stage": engine.zero_optimization_stage(), "train_batch_size": engine.train_batch_size(),
+                          "micro": engine.train_micro_batch_size_per_gpu(),
+                          "accumulation": engine.gradient_accumulation_steps(), "bf16": engine.bfloat16_enabled(),
+                          "clipping": engine.gradient_clipping(), "steps": engine.global_steps,
+                          "optimizer": type(optimizer).__name__}))
+""")
+
+
+@pytest.mark.framework
+def test_deepspeed_initialize_trains_a_step_with_the_file_on_one_cpu_rank(tmp_path: Path) -> None:
+    """deepspeed.initialize (DS_ACCELERATOR=cpu, gloo, one rank) takes the written ds_config.json with a real torch
+    module, at every ZeRO stage, and one optimizer step runs. One rank means dp 1, so the plan is the 16-GPU
+    llama3-8b one with its data-parallel degree set to 1 and its global batch to micro x 2 accumulation steps;
+    every other key is the writer's. (The first run on a machine JIT-builds DeepSpeed's shm comm op, minutes on two
+    cores; torch_extensions caches it.)"""
+    pytest.importorskip("deepspeed", reason="the launch-check extra (scripts/test installs it)")
+    spec = _spec("llama3-8b", 16, SearchSpace(max_tp=1, cps=(1,), vpps=(1,), activation_offload=False))
+    paths = []
+    for sharding in ("none", "zero1", "zero2", "zero3"):
+        one = replace(spec, layout=replace(spec.layout, dp=1, pp=1, sharding=sharding),
+                      job=replace(spec.job, global_batch=spec.layout.micro_batch * 2))
+        paths.append(tmp_path / f"ds_config_{sharding}.json")
+        paths[-1].write_text(DEEPSPEED.render(one)[0].text)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "DS_BUILD_OPS": "0"}
+    run = subprocess.run([sys.executable, "-c", _DEEPSPEED_TRAINS, *map(str, paths)], capture_output=True, text=True,
+                         env=env, timeout=580, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    engines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    micro = spec.layout.micro_batch
+    # DeepSpeed's own wrappers around the file's AdamW: bf16 at stage 0, ZeRO-1/2, ZeRO-3
+    assert [e.pop("optimizer") for e in engines] == ["FP16_Optimizer", "DeepSpeedZeroOptimizer",
+                                                     "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3"]
+    assert engines == [{"stage": stage, "train_batch_size": 2 * micro, "micro": micro, "accumulation": 2,
+                        "bf16": True, "clipping": 1.0, "steps": 1} for stage in (0, 1, 2, 3)]
+
+
 # --- torchtitan -----------------------------------------------------------------------------------------------------
 
 def _titan_loads(tmp_path: Path, spec: LaunchSpec):  # type: ignore[no-untyped-def]
