@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,26 @@ def test_pods_carry_the_documented_nccl_environment(spec: LaunchSpec) -> None:
     names = {e["name"] for e in env if re.match(r"(NCCL|TORCH)_", e["name"])}
     assert names and names <= documented
     assert {"name": "NCCL_SOCKET_IFNAME", "value": "=eth0"} in env
+
+
+def test_megatron_pods_carry_megatron_env(tmp_path: Path) -> None:
+    """The pods start the megatron target's pretrain_gpt.py with what megatron.env holds (tp>1 without FSDP:
+    CUDA_DEVICE_MAX_CONNECTIONS=1), still a valid pod template; another command's pods do not carry it."""
+    from gpufleet.emit.megatron import ENV_FILE, MEGATRON
+    from gpufleet.planner.search import SearchSpace
+
+    zero1 = spec_from_plan(PlanRequest(model="llama3-70b", gpus=64, top=1, stack="megatron-lm",
+                                       search_space=SearchSpace(shardings=("zero1",))))
+    env_file = {f.path: f.text for f in MEGATRON.render(zero1)}[ENV_FILE]
+    written = dict(line.split("=", 1) for line in env_file.splitlines() if line and not line.startswith("#"))
+    assert written == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    _, job = _documents(replace(zero1, train_command=MEGATRON.entrypoint(zero1, str(tmp_path))))
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        validate_pod_template(replica["template"])
+        container = replica["template"]["spec"]["containers"][0]
+        assert container["command"][:2] == ["torchrun", "pretrain_gpt.py"]
+        assert [e for e in container["env"] if e["name"] in written] == [
+            {"name": name, "value": value} for name, value in written.items()]
+    _, other = _documents(replace(zero1, train_command=("train.py",)))
+    env = other["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in {e["name"] for e in env}

@@ -163,6 +163,38 @@ def test_sbatch_is_valid_bash(h100_64: LaunchSpec) -> None:
     subprocess.run(["bash", "-n"], input=slurm.sbatch_script(h100_64), text=True, check=True)
 
 
+def test_sbatch_exports_what_the_megatron_target_writes_to_megatron_env(tmp_path: Path) -> None:
+    """A tp>1 ZeRO-1 Megatron plan: the megatron target writes megatron.env with CUDA_DEVICE_MAX_CONNECTIONS=1 and
+    job.sbatch, starting that target's pretrain_gpt.py, exports the same before srun; a ZeRO-3 (Megatron FSDP) plan,
+    or another training command, gets no such line (Megatron FSDP refuses the variable)."""
+    from gpufleet.emit.megatron import ENV_FILE, MEGATRON
+    from gpufleet.planner.search import SearchSpace
+
+    zero1 = spec_from_plan(PlanRequest(model="llama3-70b", gpus=64, top=1, stack="megatron-lm",
+                                       search_space=SearchSpace(shardings=("zero1",))))
+    assert zero1.layout.tp > 1 and zero1.layout.sharding == "zero1"
+    env_file = {f.path: f.text for f in MEGATRON.render(zero1)}[ENV_FILE]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in env_file.splitlines()
+    megatron = replace(zero1, train_command=MEGATRON.entrypoint(zero1, str(tmp_path)))
+    script = slurm.sbatch_script(megatron)
+    exports = [line for line in script.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" in line]
+    assert len(exports) == 1 and exports[0].startswith("export CUDA_DEVICE_MAX_CONNECTIONS=1  # ")
+    assert script.index(exports[0]) < script.index("\nsrun ")
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    # the variable reaches the training command: run the script's export lines and read the environment back
+    shown = subprocess.run(["bash", "-c", "\n".join([*(line for line in script.splitlines()
+                                                       if line.startswith("export CUDA_")),
+                                                     'echo "$CUDA_DEVICE_MAX_CONNECTIONS"'])],
+                           capture_output=True, text=True, check=True)
+    assert shown.stdout == "1\n"
+
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in slurm.sbatch_script(replace(zero1, train_command=("train.py",)))
+    fsdp = replace(zero1, layout=replace(zero1.layout, sharding="zero3"))
+    assert ENV_FILE not in {f.path for f in MEGATRON.render(fsdp)}
+    fsdp = replace(fsdp, train_command=MEGATRON.entrypoint(fsdp, str(tmp_path)))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in slurm.sbatch_script(fsdp)
+
+
 # --- a real Slurm -------------------------------------------------------------------------------------------------
 
 requires_slurm = pytest.mark.skipif(bool(missing_binaries()),

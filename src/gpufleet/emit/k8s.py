@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gpufleet.emit.hosts import host_shape
+from gpufleet.emit.megatron import command_environment
 from gpufleet.emit.nccl_env import environment
 from gpufleet.emit.slurm import signal_lead_s
 from gpufleet.emit.spec import EmittedFile, LaunchSpec
@@ -38,6 +39,7 @@ DEFAULT_TRAIN_SCRIPT = "train.py"
 
 def _pod_template(spec: LaunchSpec, gpus_per_pod: int) -> dict[str, Any]:
     env = [{"name": v.name, "value": v.value} for v in environment(spec, POD_SOCKET_IFNAME)]
+    env += [{"name": name, "value": value} for name, value in command_environment(spec).items()]
     env.append({"name": "CHECKPOINT_DIR", "value": spec.checkpoint_dir})
     command = ["torchrun", *(spec.train_command or (DEFAULT_TRAIN_SCRIPT,))]
     container = {

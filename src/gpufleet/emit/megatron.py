@@ -12,6 +12,8 @@ from gpufleet.parallel.layout import expert_parallel_degrees
 
 ARGS_FILE = "megatron/pretrain_gpt.args"
 ENV_FILE = "megatron/megatron.env"
+#: the program torchrun starts on each node (Megatron-LM's GPT pre-training script, from its checkout)
+PROGRAM = "pretrain_gpt.py"
 #: Placeholder learning rate so the list runs as is (judgement: a common pre-training peak; set your own).
 PLACEHOLDER_LR = 3.0e-4
 #: Megatron-LM's FP8 recipe for FP8 GEMMs: E4M3 forward, E5M2 gradients ("hybrid"), delayed scaling (its default).
@@ -197,6 +199,16 @@ def megatron_environment(spec: LaunchSpec) -> dict[str, str]:
     return {}
 
 
+def command_environment(spec: LaunchSpec) -> dict[str, str]:
+    """What the scheduler targets (job.sbatch, k8s.yaml) set for the training command they start: Megatron-LM's
+    environment (megatron.env) when that command is pretrain_gpt.py, as `launch` fills it from the megatron target;
+    nothing for another framework's command or a command given at submit time."""
+    command = spec.train_command
+    if command and command[0].rsplit("/", 1)[-1] == PROGRAM:
+        return megatron_environment(spec)
+    return {}
+
+
 def _env_file(spec: LaunchSpec) -> str:
     lines = ["# Environment Megatron-LM requires for this layout (set it before pretrain_gpt.py; see docs/launch.md)"]
     lines += [f"{name}={value}" for name, value in megatron_environment(spec).items()]
@@ -217,7 +229,7 @@ class MegatronEmitter:
     def entrypoint(self, spec: LaunchSpec, out_dir: str) -> tuple[str, ...]:
         """The program and arguments torchrun starts on each node (pretrain_gpt.py from Megatron-LM's checkout,
         with the same arguments as the written argument file)."""
-        return ("pretrain_gpt.py", *megatron_args(spec))
+        return (PROGRAM, *megatron_args(spec))
 
 
 MEGATRON = MegatronEmitter()

@@ -46,6 +46,20 @@ def parallel_dims(config: Any, world_size: int) -> Any:
     return ParallelDims.from_config(config.parallelism, world_size)
 
 
+def meta_model(config: Any) -> Any:
+    """The model torchtitan's Trainer builds from the config, built as it builds it (torchtitan 0.3.0 trainer.py,
+    "build model (using meta init)"): the model spec's config updated from the job config, then built on the meta
+    device under the job's dtype, so no weight is allocated."""
+    import torch
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.tools import utils
+
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+        return model_config.build()
+
+
 def read(path: Path) -> ReadConfig:
     found = ReadConfig(path, "torchtitan")
     functions = config_functions(path)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.emit.hosts import HostShape, host_shape, hostlist
+from gpufleet.emit.megatron import command_environment
 from gpufleet.emit.nccl_env import shell_exports
 from gpufleet.emit.spec import EmittedFile, LaunchSpec
 from gpufleet.fabric.graph import CORE, LEAF, NIC, SPINE, TIERS, FabricGraph, build_graph
@@ -268,6 +269,8 @@ def _body(spec: LaunchSpec, shape: HostShape) -> list[str]:
         "",
         "# NCCL and PyTorch environment (the same as nccl.env)",
         *shell_exports(spec),
+        *(f"export {name}={shlex.quote(value)}  # the training command's own (megatron/megatron.env)"
+          for name, value in command_environment(spec).items()),
         f"export CHECKPOINT_DIR={shlex.quote(spec.checkpoint_dir)}  # where the trainer saves and resumes",
         "",
         *_train_command(spec),

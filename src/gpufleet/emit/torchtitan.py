@@ -25,13 +25,21 @@ class TitanModel:
     package: str
     config: str
     flavor: str
+    #: set when `config` itself quantizes the model to float8 (torchtitan 0.3.0's llama3_405b builds a
+    #: Float8LinearConverter, which needs torchao, as soon as it is called): a bf16 plan starts from this sibling
+    #: function instead and sets `bf16_lines` (what `config` sets that the writer does not) and the model spec
+    bf16_config: str | None = None
+    bf16_lines: tuple[str, ...] = ()
 
 
 #: gpufleet model id -> torchtitan 0.3.0's definition (source: torchtitan 0.3.0 torchtitan/models/*/config_registry.py)
 TITAN_MODELS: dict[str, TitanModel] = {
     "llama3-8b": TitanModel("llama3", "llama3_8b", "8B"),
     "llama3-70b": TitanModel("llama3", "llama3_70b", "70B"),
-    "llama3-405b": TitanModel("llama3", "llama3_405b", "405B"),
+    "llama3-405b": TitanModel(
+        "llama3", "llama3_405b", "405B", bf16_config="llama3_70b",
+        bf16_lines=("config.hf_assets_path = './assets/hf/Llama-3.1-405B'", "config.optimizer = default_adamw(lr=8e-5)",
+                    "config.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=600)")),
     "qwen3-30b-a3b": TitanModel("qwen3", "qwen3_30b_a3b", "30B-A3B"),
     "deepseek-v3": TitanModel("deepseek_v3", "deepseek_v3_671b", "671B"),
 }
@@ -104,10 +112,17 @@ def _training_lines(spec: LaunchSpec) -> list[str]:
                                                   "full": "FullAC.Config()"}[layout.recompute],
              "config.checkpoint.enable = True", f"config.checkpoint.folder = {spec.checkpoint_dir!r}",
              f"config.checkpoint.interval = {spec.checkpoint_interval_steps}"]
+    if layout.pp > 1 or layout.ep > 1:
+        # torchtitan 0.3.0 Trainer.Config._validate_cuda_graphs refuses CUDA graphs with pipeline parallelism and
+        # with an expert-parallel dispatcher that syncs with the host (the default AllToAll one)
+        lines.append("t.disable_cuda_graphs = True")
+    titan = TITAN_MODELS[spec.job.model.id]
     if spec.job.precision == "fp8":
-        titan = TITAN_MODELS[spec.job.model.id]
         lines.append(f"config.model_spec = model_registry({titan.flavor!r}, converters=[Float8LinearConverter.Config("
                      f"model_compile_enabled={compile_model})])")
+    elif titan.bf16_config is not None:
+        lines += [f"# torchtitan's {titan.config}() without its float8 converter: the plan is bf16",
+                  f"config.model_spec = model_registry({titan.flavor!r})", *titan.bf16_lines]
     return lines
 
 
@@ -115,15 +130,19 @@ def torchtitan_module(spec: LaunchSpec) -> str:
     """The text of the config-registry module."""
     titan = _refuse_what_it_lacks(spec)
     body = [*_parallelism_lines(spec), *_training_lines(spec)]
-    imports = [f"from torchtitan.models.{titan.package}.config_registry import {titan.config}",
+    base = titan.config if spec.job.precision == "fp8" or titan.bf16_config is None else titan.bf16_config
+    imports = [f"from torchtitan.models.{titan.package}.config_registry import {base}",
                "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401"]
+    if spec.job.precision == "fp8" or base != titan.config:
+        imports.append(f"from torchtitan.models.{titan.package} import model_registry")
     if spec.job.precision == "fp8":
-        imports += [f"from torchtitan.models.{titan.package} import model_registry",
-                    "from torchtitan.components.quantization import Float8LinearConverter"]
+        imports.append("from torchtitan.components.quantization import Float8LinearConverter")
+    if base != titan.config:
+        imports += ["from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw"]
     header = (f'"""torchtitan 0.3 job: {spec.job.model.id} on {spec.cluster.gpus} GPUs, gpufleet plan #{spec.rank} '
               f"({spec.layout.short()}).\n\nLoad: torchrun ... -m torchtitan.train --module {MODULE} --config "
               f'{CONFIG_FUNCTION} (this folder on PYTHONPATH)."""\n')
-    lines = [header, *imports, "", "", f"def {CONFIG_FUNCTION}():", f"    config = {titan.config}()",
+    lines = [header, *imports, "", "", f"def {CONFIG_FUNCTION}():", f"    config = {base}()",
              "    p = config.parallelism", "    t = config.training", *(f"    {line}" for line in body),
              "    return config", ""]
     return "\n".join(lines)
