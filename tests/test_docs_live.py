@@ -63,7 +63,7 @@ def test_readme_shipped_validation_figures() -> None:
     summary, runs = data["summary"], data["runs"]
     readme = doc("README.md")
     assert_quotes(readme, "## How good is the model?\n\n`gpufleet validate` predicts ", len(runs))
-    shipped = "On the shipped file alone,\n`gpufleet validate` predicts "
+    shipped = "With no arguments,\n`gpufleet validate` predicts "
     assert_quotes(readme, shipped, summary["all"]["runs"])
     assert_quotes(readme, shipped, len(runs), nth=1)
     assert_quotes(readme, shipped, len(summary["skipped"]), nth=2)
