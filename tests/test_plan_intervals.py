@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,36 @@ def test_the_table_shows_each_interval() -> None:
     assert "80% interval" in done.stdout and "leave-one-source-out" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.startswith("│ 1 "))
     assert row.count("–") >= 3  # step, tokens/s per GPU and train time each with (low–high)
+
+
+def test_launch_check_carries_the_steps_interval(tmp_path: Path) -> None:
+    out = tmp_path / "M"
+    assert run_gpufleet("launch", "-m", "llama3-8b", "-n", "64", "--target", "megatron", "--out", str(out)
+                        ).returncode == 0
+    args = str(out / "megatron" / "pretrain_gpt.args")
+    checked = run_gpufleet("launch", "--check", args, "-m", "llama3-8b", "--gpus", "64", "--json")
+    expected = json.loads(checked.stdout)["expected"]
+    band = expected["step_interval"]
+    assert band["level"] == 0.8 and band["low"] < expected["step_s"] < band["high"]
+    text = run_gpufleet("launch", "--check", args, "-m", "llama3-8b", "--gpus", "64").stdout
+    assert "80% interval" in text
+
+
+def test_the_burn_in_loop_line_says_whether_the_measured_step_is_inside_the_plans_interval() -> None:
+    from gpufleet.runtime.burnin.loop import LoopCheck
+
+    inside = LoopCheck(predicted_s=1.0, measured_s=1.1, parts_s={"compute.gemm": 0.9}, clock="cpu",
+                       interval_s=(0.88, 1.14))
+    assert "(0.8800–1.1400)" in inside.summary() and "inside the plan's interval" in inside.summary()
+    outside = LoopCheck(predicted_s=1.0, measured_s=1.3, parts_s={}, clock="cpu", interval_s=(0.88, 1.14))
+    assert "outside the plan's interval" in outside.summary()
+    assert "interval" not in LoopCheck(predicted_s=1.0, measured_s=1.3, parts_s={}, clock="cpu").summary()
+
+
+def test_the_burn_in_plan_has_the_interval_plan_gives_its_layout() -> None:
+    from gpufleet.planner.fixed_layout import eager_fsdp_plan
+
+    catalog = load_catalog()
+    planned = eager_fsdp_plan(catalog, "llama3-8b", "h100-sxm", "dgx-h100", 8, 2048, 1, overlap=True)
+    band = planned.interval
+    assert band.regime == "dense-dp" and band.low < planned.step.step_s < band.high  # dp only: no tp or pp

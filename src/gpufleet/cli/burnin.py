@@ -123,7 +123,7 @@ def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict
     """Rank 0 of a --measure-host run: write the host catalog, price the burn-in's layout on it against the measured
     step; the figures for --json (None when the host was not measured)."""
     from gpufleet.catalog.registry import Catalog
-    from gpufleet.planner.fixed_layout import eager_fsdp_step
+    from gpufleet.planner.fixed_layout import eager_fsdp_plan
     from gpufleet.runtime.burnin.config import MODEL_ID
     from gpufleet.runtime.burnin.group import default_backend
     from gpufleet.runtime.burnin.host_catalog import HOST_GPU_ID, HOST_NODE_ID, write_host_catalog
@@ -133,13 +133,15 @@ def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict
         return None
     write_host_catalog(config.measure_host, result.host, config.shape)
     on_gpu = (config.backend or default_backend()) == "nccl"
-    step = eager_fsdp_step(Catalog((config.measure_host,)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID, result.world_size,
-                           config.shape.seq_len, config.micro_batch, overlap=on_gpu)
+    planned = eager_fsdp_plan(Catalog((config.measure_host,)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID,
+                              result.world_size, config.shape.seq_len, config.micro_batch, overlap=on_gpu)
+    step = planned.step
     check = LoopCheck(predicted_s=step.step_s, parts_s={name: part.exposed_s for name, part in step.parts.items()},
                       measured_s=measured_step(result.cpu_s if config.measure_clock == "cpu" else result.step_s),
-                      clock=config.measure_clock)
+                      clock=config.measure_clock, interval_s=(planned.interval.low, planned.interval.high))
     if not out.json_mode:
         out.console.print(result.host.summary() + f"\nwrote {config.measure_host}\n" + check.summary())
     return {"catalog": str(config.measure_host), "measured": result.host.as_dict(),
             "loop": {"predicted_step_s": check.predicted_s, "measured_step_s": check.measured_s,
-                     "ratio": check.ratio, "clock": check.clock, "parts_s": dict(check.parts_s)}}
+                     "ratio": check.ratio, "clock": check.clock, "parts_s": dict(check.parts_s),
+                     "interval": planned.interval.as_json()}}

@@ -42,7 +42,8 @@ class CheckReport:
         if self.expected:
             e = self.expected
             console.print(f"expected on {e['gpus']} x {e['gpu']}: {e['peak_memory_bytes'] / 2**30:.1f} GiB of "
-                          f"{e['hbm_bytes'] / 2**30:.0f} GiB per GPU, step {e['step_s']:.2f} s, MFU {e['mfu']:.1%}")
+                          f"{e['hbm_bytes'] / 2**30:.0f} GiB per GPU, step {e['step_s']:.2f} s{_band(e)}, "
+                          f"MFU {e['mfu']:.1%}")
             if e["bubble_fraction"] > 0:
                 console.print(f"pipeline bubble {e['parts_s'].get('bubble', 0.0):.2f} s = {e['bubble_fraction']:.1%} "
                               f"of the step ({e['micro_batches']} micro-batches; --json: expected.parts_s)")
@@ -217,3 +218,9 @@ def _expected(catalog: Catalog, files: list[ReadConfig], degrees: dict[str, int]
 
 
 __all__ = ["CheckReport", "check_files"]
+
+
+def _band(expected: dict[str, Any]) -> str:
+    """` (low–high)`: the step's 80 % interval, where the estimate carries one."""
+    band = expected.get("step_interval")
+    return f" ({band['low']:.3g}–{band['high']:.3g}, 80% interval)" if isinstance(band, dict) else ""

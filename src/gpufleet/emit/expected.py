@@ -10,6 +10,7 @@ from gpufleet.errors import InfeasibleError
 from gpufleet.parallel.layout import Layout, Recompute, Sharding, validate_layout
 from gpufleet.parallel.memory import peak_stage_memory
 from gpufleet.perf.step import estimate_step
+from gpufleet.planner.intervals import IntervalTable, step_interval
 from gpufleet.planner.plan import PlanRequest, build_cluster, build_job
 from gpufleet.planner.published_runs import framework_options, stack_calibration
 
@@ -40,8 +41,9 @@ def expected_step(catalog: Catalog, model_id: str, gpu_id: str, gpus: int, degre
     calibration = stack_calibration(catalog.calibration(cluster.gpu.id),
                                     stack.value("attention_kernel") if stack is not None else None)
     step = estimate_step(job, layout, cluster, calibration, options)
+    interval = step_interval(job, layout, gpus, step.step_s, IntervalTable.from_record(catalog.interval_table()))
     return {"model": model_id, "gpu": cluster.gpu.id, "gpus": gpus, "layout": layout.short(), "stack": stack_id,
             "peak_memory_bytes": memory.total_bytes, "hbm_bytes": cluster.gpu.hbm_bytes, "step_s": step.step_s,
             "mfu": step.mfu, "tokens_per_s": step.tokens_per_s, "micro_batches": step.micro_batches,
-            "bubble_fraction": step.bubble_fraction,
+            "bubble_fraction": step.bubble_fraction, "step_interval": interval.as_json(),
             "parts_s": {name: part.exposed_s for name, part in step.parts.items() if part.total_s > 0}}

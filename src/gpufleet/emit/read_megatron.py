@@ -32,6 +32,10 @@ TRAINING_FLAGS = frozenset({
     "use_mcore_models", "transformer_impl", "attention_backend", "use_flash_attn", "weight_decay", "clip_grad",
     "adam_beta1", "adam_beta2", "init_method_std", "attention_dropout", "hidden_dropout", "tensorboard_dir",
     "wandb_project", "ckpt_format", "async_save", "no_save_optim", "no_save_rng", "bf16", "fp16",
+    # model flags gpufleet writes that reach the model under another name: --norm-epsilon becomes
+    # TransformerConfig.layernorm_epsilon, --rotary-base / --rope-type / --no-rope-fusion go to GPTModel's rotary
+    # embedding (core_transformer_config_from_args and model_provider of core_v0.16.1)
+    "norm_epsilon", "rotary_base", "rope_type", "no_rope_fusion",
 })
 #: args name -> TransformerConfig field where Megatron-LM renames (source: core_transformer_config_from_args)
 RENAMED = {"swiglu": "gated_linear_unit", "num_experts": "num_moe_experts", "fp8_format": "fp8",

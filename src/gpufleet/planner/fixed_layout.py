@@ -11,11 +11,16 @@ cores run gloo and the GEMMs (a judgement about the host, not a fit).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
+from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepEstimate, StepOptions
+from gpufleet.planner.intervals import Interval, IntervalTable, step_interval
 from gpufleet.planner.plan import PlanRequest, make_plan
 from gpufleet.planner.search import SearchSpace
+from gpufleet.workload.job import Job
 
 #: the catalog stack whose `loss_bytes_per_logit` is PyTorch's own cross_entropy on upcast logits
 PYTORCH_LOSS_STACK = "torchtitan"
@@ -29,6 +34,24 @@ def pytorch_loss_bytes_per_logit(catalog: Catalog) -> float:
         raise InputError(f"the catalog's {PYTORCH_LOSS_STACK} stack states no loss_bytes_per_logit; a plain PyTorch "
                          "job is priced with it")
     return float(value)
+
+
+@dataclass(frozen=True)
+class FixedLayoutStep:
+    """The planner's step for one given layout, with its 80 % interval (planner/intervals.py)."""
+
+    step: StepEstimate
+    interval: Interval
+
+
+def eager_fsdp_plan(catalog: Catalog, model: str, gpu: str, node: str, ranks: int, seq_len: int,
+                    micro_batch: int, overlap: bool) -> FixedLayoutStep:
+    """`eager_fsdp_step` with the interval `plan` gives the same step (the regime of that layout)."""
+    step = eager_fsdp_step(catalog, model, gpu, node, ranks, seq_len, micro_batch, overlap)
+    job = Job(model=catalog.model(model), tokens=1e9, seq_len=seq_len, global_batch=micro_batch * ranks)
+    layout = Layout(dp=ranks, sharding="fsdp", micro_batch=micro_batch)
+    table = IntervalTable.from_record(catalog.interval_table())
+    return FixedLayoutStep(step, step_interval(job, layout, ranks, step.step_s, table))
 
 
 def eager_fsdp_step(catalog: Catalog, model: str, gpu: str, node: str, ranks: int, seq_len: int,

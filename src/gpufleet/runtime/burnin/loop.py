@@ -23,6 +23,8 @@ class LoopCheck:
     measured_s: float
     parts_s: Mapping[str, float]
     clock: str  # "wall" or "cpu": what both sides were timed with
+    #: the plan's 80 % interval for its step (planner/intervals.py), where the planner gave one
+    interval_s: tuple[float, float] | None = None
 
     @property
     def ratio(self) -> float:
@@ -30,8 +32,14 @@ class LoopCheck:
 
     def summary(self) -> str:
         parts = ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in self.parts_s.items() if seconds > 0)
-        return (f"plan {self.predicted_s:.4f} s/step, burn-in {self.measured_s:.4f} s/step ({self.clock} clock): "
-                f"plan/burn-in {self.ratio:.3f}; plan parts (ms): {parts}")
+        band = f" ({self.interval_s[0]:.4f}–{self.interval_s[1]:.4f})" if self.interval_s else ""
+        return (f"plan {self.predicted_s:.4f} s/step{band}, burn-in {self.measured_s:.4f} s/step ({self.clock} clock): "
+                f"plan/burn-in {self.ratio:.3f}{'' if self.interval_s is None else self._inside()}; plan parts (ms): "
+                f"{parts}")
+
+    def _inside(self) -> str:
+        low, high = self.interval_s or (0.0, 0.0)
+        return ", inside the plan's interval" if low <= self.measured_s <= high else ", outside the plan's interval"
 
 
 def measured_step(step_seconds: Sequence[float]) -> float:
