@@ -218,3 +218,14 @@ def test_launch_check_prices_a_file_with_its_frameworks_stack(tmp_path: Path) ->
     default = run_gpufleet("plan", "-m", "llama3-8b", "-n", "64", "--top", "1", "--json", "--tp", "1", "--pp", "1",
                            "--micro-batch", "2", "--sharding", "zero3", "--recompute", "none", "--cp", "1")
     assert json.loads(default.stdout)["plans"][0]["step_s"] != pytest.approx(expected["step_s"], rel=1e-3)
+
+
+def test_the_validate_request_refuses_what_the_cli_refuses() -> None:
+    """`validate --cross-validate --fsdp2-copies` is refused by the request itself, with the CLI's words."""
+    from gpufleet.errors import InputError
+    from gpufleet.planner.validate_request import ValidateRequest
+
+    with pytest.raises(InputError, match="does not reach --cross-validate"):
+        ValidateRequest(cross_validate=True, fsdp2_copies=True)
+    line = one_error_line(run_gpufleet("validate", "--cross-validate", "--fsdp2-copies"))
+    assert "does not reach --cross-validate" in line

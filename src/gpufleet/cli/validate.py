@@ -12,17 +12,15 @@ from rich.table import Table
 from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
 from gpufleet.cli.plan import Fsdp2CopiesOption, OverlapContentionOption, StragglerScopeOption, StragglersOption
-from gpufleet.errors import InputError
 from gpufleet.planner.model_terms import parse_model_terms
 
 if TYPE_CHECKING:
     from gpufleet.planner.ranking import GroupRanking
     from gpufleet.planner.validate import RunPrediction
+    from gpufleet.planner.validate_request import ValidateReport
 
 
 SHIPPED = "shipped runs the fits are fitted on"
-VTRAIN_COMMAND = ("gpufleet validate --runs src/gpufleet/catalog/runs/vtrain_runs.yaml --catalog "
-                  "tests/data/vtrain_cluster.yaml --node vtrain-a100-node --no-dp-overlap")
 
 
 def _pct(value: float | None) -> str:
@@ -141,119 +139,94 @@ def register(app: typer.Typer) -> None:
         Examples: gpufleet validate --plot parity.png;
         gpufleet validate --cross-validate --runs a.yaml --runs b.yaml
         """
-        from gpufleet.planner.intervals import IntervalTable
-        from gpufleet.planner.published_runs import check_run_stacks, fitted_run_paths, load_runs
-        from gpufleet.planner.validate import attach_intervals, predict_run, summarize
+        from gpufleet.planner.validate_request import ValidateRequest, validate_runs
 
         out = Output(json)
         terms = parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
-        if cross_validate and fsdp2_copies is not None:
-            raise InputError("--fsdp2-copies/--no-fsdp2-copies does not reach --cross-validate's refits yet: "
-                             "leave it to each run's stack there")
-        if plot is not None:
-            from gpufleet.report.plots import check_output_path
+        request = ValidateRequest(runs=tuple(runs) if runs else None, cross_validate=cross_validate, rank=rank,
+                                  node=node, dp_overlap=dp_overlap, straggler_sigma=terms.straggler_sigma,
+                                  straggler_scope=terms.straggler_scope, overlap_slowdown=terms.overlap_slowdown,
+                                  fsdp2_copies=terms.fsdp2_copies)
+        _check_outputs(plot, html_report)
+        report = validate_runs(request, open_catalog(with_calibration(catalog, calibration)))
+        _write_figures(report, plot, html_report)
+        failure = report.failure()
+        if failure is not None:
+            out.check_failed(failure, report.data, lambda console: _render(console, report))
+        out.emit(report.data, lambda console: _render(console, report))
 
-            check_output_path(plot, "--plot")
-        if html_report is not None:
-            from gpufleet.report.plots import check_output_path
 
-            check_output_path(html_report, "--html", (".html", ".htm"))
-        cat = open_catalog(with_calibration(catalog, calibration))
-        loaded = []
-        paths: list[Path] = list(runs) if runs else fitted_run_paths()
-        for path in paths:
-            from_file = load_runs(path)
-            check_run_stacks(from_file, cat, path)
-            loaded.extend(from_file)
-        from gpufleet.planner.published_runs import check_unique_ids
+def _check_outputs(plot: Path | None, html_report: Path | None) -> None:
+    """Refuse an unwritable --plot or --html before any run is priced."""
+    from gpufleet.report.plots import check_output_path
 
-        check_unique_ids(loaded)
-        if node is not None:
-            node_gpu = cat.node(node).gpu  # unknown node: one line, exit 2
-            if not any(run.hardware.gpu == node_gpu for run in loaded):
-                used = sorted({run.hardware.gpu for run in loaded})
-                raise InputError(f"--node {node} holds {node_gpu}, which none of the {len(loaded)} runs uses "
-                                 f"(they use {', '.join(used)}); give a node with one of those GPUs")
-        from gpufleet.perf.step import StepOptions
+    if plot is not None:
+        check_output_path(plot, "--plot")
+    if html_report is not None:
+        check_output_path(html_report, "--html", (".html", ".htm"))
 
-        options = terms.apply(StepOptions(dp_overlap=dp_overlap))
-        predictions = [predict_run(run, cat, options, node_id=node, fsdp2_copies=terms.fsdp2_copies)
-                       for run in loaded]
-        attach_intervals(predictions, IntervalTable.from_record(cat.interval_table()))
-        summary = summarize(predictions)
-        data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict(),
-                                "options": {"straggler_sigma": terms.straggler_sigma,
-                                            "straggler_scope": terms.straggler_scope,
-                                            "overlap_slowdown": terms.overlap_slowdown,
-                                            "fsdp2_copies": terms.fsdp2_copies}}
-        if not runs:  # vTrain's runs are in no fit and need their own cluster file
-            data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
-        if cross_validate:
-            from gpufleet.planner.fit import cross_validate as leave_one_source_out
 
-            data["cross_validated"] = leave_one_source_out(loaded, predictions, cat, options, node).summary(
-                loaded, predictions)
-        ranking = None
-        if rank:
-            from gpufleet.planner.ranking import rank_groups
+def _write_figures(report: ValidateReport, plot: Path | None, html_report: Path | None) -> None:
+    """The parity plot and the HTML report, as asked (their paths go into the --json document)."""
+    request, predictions = report.request, report.predictions
+    if plot is not None:
+        from gpufleet.planner.ranking import group_key
+        from gpufleet.report.plots import write_parity_plot
 
-            ranking = rank_groups(loaded, predictions)
-            data["ranking"] = ranking.as_dict()
-        if plot is not None:
-            from gpufleet.planner.ranking import group_key
-            from gpufleet.report.plots import write_parity_plot
+        points = [(p.id, group_key(run) if request.rank else p.quality, p.predicted_tokens_per_s_per_gpu,
+                   p.target_tokens_per_s_per_gpu)
+                  for run, p in zip(report.loaded, predictions, strict=True) if p.predicted_tokens_per_s_per_gpu]
+        write_parity_plot(plot, points, quantity="tokens/s per GPU",
+                          title=f"gpufleet validate: {len(points)} runs, predicted vs measured")
+        report.data["plot"] = str(plot)
+    if html_report is not None and report.predicted_any:
+        from gpufleet.report.validate_html import write_validate_report
 
-            points = [(p.id, group_key(run) if rank else p.quality, p.predicted_tokens_per_s_per_gpu,
-                       p.target_tokens_per_s_per_gpu)
-                      for run, p in zip(loaded, predictions, strict=True) if p.predicted_tokens_per_s_per_gpu]
-            write_parity_plot(plot, points, quantity="tokens/s per GPU",
-                              title=f"gpufleet validate: {len(points)} runs, predicted vs measured")
-            data["plot"] = str(plot)
-        if html_report is not None and any(p.predicted_tokens_per_s_per_gpu for p in predictions):
-            from gpufleet.report.validate_html import write_validate_report
+        title = ", ".join(map(str, request.runs)) if request.runs else SHIPPED
+        write_validate_report(html_report, report.loaded, predictions, report.summary, f"gpufleet validate: {title}")
+        report.data["html"] = str(html_report)
 
-            title = ", ".join(map(str, runs)) if runs else SHIPPED
-            write_validate_report(html_report, loaded, predictions, summary, f"gpufleet validate: {title}")
-            data["html"] = str(html_report)
 
-        def render(console: Console) -> None:
-            source = f"runs in {', '.join(map(str, runs))}" if runs else SHIPPED
-            table = Table(title=f"{source} ({len(predictions)}), by source family; tokens/s per GPU, predicted "
-                          "with its 80 % interval", title_justify="left")
-            for column in ("family", "run", "quality", "layout", "regime", "predicted (80 %)", "target", "error",
-                           "note"):
-                table.add_column(column, justify="right" if column in ("predicted (80 %)", "target", "error")
-                                 else "left")
-            for p in sorted(predictions, key=lambda p: p.family or ""):  # stable: file order within a family
-                table.add_row(p.family or "-", p.id, p.quality, p.layout.short() if p.layout else "-",
-                              p.regime.value if p.regime else "-", _predicted(p),
-                              f"{p.target_tokens_per_s_per_gpu:,.0f}", _pct(p.error), p.note)
-            console.print(table)
-            stats = Table(title="median and worst |error| (tokens/s per GPU)", title_justify="left")
-            for column in ("runs", "n", "median |error|", "worst |error|", "worst run"):
-                stats.add_column(column)
-            for key in ("high", "medium", "high+medium", "low", "all"):
-                row = summary.groups[key]
-                stats.add_row(key, str(row.runs),
-                              f"{row.median_abs_error:.1%}" if row.median_abs_error is not None else "-",
-                              f"{row.worst_abs_error:.1%}" if row.worst_abs_error is not None else "-",
-                              row.worst_id or "-")
-            console.print(stats)
-            rejected = summary.memory_rejected
-            if rejected:
-                console.print(f"memory model rejects {len(rejected)} published layout(s) (predicted anyway, in the "
-                              f"figures above): {', '.join(rejected)}")
-            if summary.skipped:
-                console.print(f"skipped: {', '.join(summary.skipped)}")
-            if not runs:
-                console.print(f"vTrain's runs (A100, their own cluster) are validated apart: {VTRAIN_COMMAND}")
-            if cross_validate:
-                _render_cross_validation(console, summary.all.median_abs_error, data["cross_validated"])
-            if ranking is not None:
-                _render_ranking(console, ranking)
+def _render_runs(console: Console, report: ValidateReport) -> None:
+    runs = report.request.runs
+    source = f"runs in {', '.join(map(str, runs))}" if runs else SHIPPED
+    table = Table(title=f"{source} ({len(report.predictions)}), by source family; tokens/s per GPU, predicted "
+                  "with its 80 % interval", title_justify="left")
+    for column in ("family", "run", "quality", "layout", "regime", "predicted (80 %)", "target", "error", "note"):
+        table.add_column(column, justify="right" if column in ("predicted (80 %)", "target", "error") else "left")
+    for p in sorted(report.predictions, key=lambda p: p.family or ""):  # stable: file order within a family
+        table.add_row(p.family or "-", p.id, p.quality, p.layout.short() if p.layout else "-",
+                      p.regime.value if p.regime else "-", _predicted(p),
+                      f"{p.target_tokens_per_s_per_gpu:,.0f}", _pct(p.error), p.note)
+    console.print(table)
 
-        if not any(p.predicted_tokens_per_s_per_gpu for p in predictions):
-            first = next((p for p in predictions if p.reason), predictions[0])
-            out.check_failed(f"none of the {len(loaded)} runs could be predicted (first: {first.id}: "
-                             f"{first.reason or 'skipped'})", data, render)
-        out.emit(data, render)
+
+def _render_summary(console: Console, report: ValidateReport) -> None:
+    summary = report.summary
+    stats = Table(title="median and worst |error| (tokens/s per GPU)", title_justify="left")
+    for column in ("runs", "n", "median |error|", "worst |error|", "worst run"):
+        stats.add_column(column)
+    for key in ("high", "medium", "high+medium", "low", "all"):
+        row = summary.groups[key]
+        stats.add_row(key, str(row.runs), f"{row.median_abs_error:.1%}" if row.median_abs_error is not None else "-",
+                      f"{row.worst_abs_error:.1%}" if row.worst_abs_error is not None else "-", row.worst_id or "-")
+    console.print(stats)
+    if summary.memory_rejected:
+        console.print(f"memory model rejects {len(summary.memory_rejected)} published layout(s) (predicted anyway, "
+                      f"in the figures above): {', '.join(summary.memory_rejected)}")
+    if summary.skipped:
+        console.print(f"skipped: {', '.join(summary.skipped)}")
+
+
+def _render(console: Console, report: ValidateReport) -> None:
+    """The runs, the summary, and the cross-validation and ranking when asked."""
+    _render_runs(console, report)
+    _render_summary(console, report)
+    if not report.request.runs:
+        from gpufleet.planner.validate_request import VTRAIN_COMMAND
+
+        console.print(f"vTrain's runs (A100, their own cluster) are validated apart: {VTRAIN_COMMAND}")
+    if report.request.cross_validate:
+        _render_cross_validation(console, report.summary.all.median_abs_error, report.data["cross_validated"])
+    if report.ranking is not None:
+        _render_ranking(console, report.ranking)

@@ -1,0 +1,130 @@
+"""`gpufleet validate` as a request and its report: which runs, priced how, and what was found. The CLI parses flags
+into a ValidateRequest, calls `validate_runs`, and prints the report (cli/validate.py); the Python API takes the same
+request, so it refuses what the CLI refuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import model_validator
+
+from gpufleet.catalog.registry import Catalog
+from gpufleet.errors import InputError
+from gpufleet.planner.model_terms import ModelTerms, StragglerScope
+from gpufleet.planner.published_runs import PublishedRun
+from gpufleet.planner.validate import RunPrediction, Summary
+from gpufleet.request import Request
+
+if TYPE_CHECKING:  # numpy comes with the ranking, only when --rank asks for it
+    from gpufleet.planner.ranking import GroupRanking
+
+#: What `validate` prints for vTrain's runs, which are in no fit and need their own cluster file.
+VTRAIN_COMMAND = ("gpufleet validate --runs src/gpufleet/catalog/runs/vtrain_runs.yaml --catalog "
+                  "tests/data/vtrain_cluster.yaml --node vtrain-a100-node --no-dp-overlap")
+
+
+class ValidateRequest(Request):
+    """Which runs `validate` predicts (None: every shipped run file the fits are fitted on) and with what."""
+
+    runs: tuple[Path, ...] | None = None
+    cross_validate: bool = False
+    rank: bool = False
+    node: str | None = None
+    dp_overlap: bool = True
+    straggler_sigma: float = 0.0
+    straggler_scope: StragglerScope = "job"
+    overlap_slowdown: float = 0.0
+    fsdp2_copies: bool | None = None
+
+    @model_validator(mode="after")
+    def _refits_take_the_stacks_copies(self) -> ValidateRequest:
+        if self.cross_validate and self.fsdp2_copies is not None:
+            raise InputError("--fsdp2-copies/--no-fsdp2-copies does not reach --cross-validate's refits yet: "
+                             "leave it to each run's stack there")
+        return self
+
+    @property
+    def terms(self) -> ModelTerms:
+        return ModelTerms(self.straggler_sigma, self.straggler_scope, self.overlap_slowdown, self.fsdp2_copies)
+
+
+@dataclass
+class ValidateReport:
+    """The runs, their predictions (with intervals), the summary, and the optional cross-validation and ranking;
+    `data` is the --json document."""
+
+    request: ValidateRequest
+    loaded: list[PublishedRun]
+    predictions: list[RunPrediction]
+    summary: Summary
+    data: dict[str, Any]
+    ranking: GroupRanking | None = None
+
+    @property
+    def predicted_any(self) -> bool:
+        return any(p.predicted_tokens_per_s_per_gpu for p in self.predictions)
+
+    def failure(self) -> str | None:
+        """Why nothing could be predicted (the check failed), or None."""
+        if self.predicted_any:
+            return None
+        first = next((p for p in self.predictions if p.reason), self.predictions[0])
+        return (f"none of the {len(self.loaded)} runs could be predicted (first: {first.id}: "
+                f"{first.reason or 'skipped'})")
+
+
+def load_request_runs(request: ValidateRequest, catalog: Catalog) -> list[PublishedRun]:
+    """The runs of the request's files (every shipped fitted file by default), their stacks and ids checked, and the
+    --node checked against them."""
+    from gpufleet.planner.published_runs import check_run_stacks, check_unique_ids, fitted_run_paths, load_runs
+
+    loaded: list[PublishedRun] = []
+    for path in request.runs or fitted_run_paths():
+        from_file = load_runs(path)
+        check_run_stacks(from_file, catalog, path)
+        loaded.extend(from_file)
+    check_unique_ids(loaded)
+    if request.node is not None:
+        node_gpu = catalog.node(request.node).gpu  # unknown node: one line, exit 2
+        if not any(run.hardware.gpu == node_gpu for run in loaded):
+            used = sorted({run.hardware.gpu for run in loaded})
+            raise InputError(f"--node {request.node} holds {node_gpu}, which none of the {len(loaded)} runs uses "
+                             f"(they use {', '.join(used)}); give a node with one of those GPUs")
+    return loaded
+
+
+def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
+    """Predict every run with its own layout and stack, attach its interval, summarise, and (as asked)
+    cross-validate the fits and score the ranking."""
+    from gpufleet.perf.step import StepOptions
+    from gpufleet.planner.intervals import IntervalTable
+    from gpufleet.planner.validate import attach_intervals, predict_run, summarize
+
+    loaded = load_request_runs(request, catalog)
+    terms = request.terms
+    options = terms.apply(StepOptions(dp_overlap=request.dp_overlap))
+    predictions = [predict_run(run, catalog, options, node_id=request.node, fsdp2_copies=terms.fsdp2_copies)
+                   for run in loaded]
+    attach_intervals(predictions, IntervalTable.from_record(catalog.interval_table()))
+    summary = summarize(predictions)
+    data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict(),
+                            "options": {"straggler_sigma": terms.straggler_sigma,
+                                        "straggler_scope": terms.straggler_scope,
+                                        "overlap_slowdown": terms.overlap_slowdown,
+                                        "fsdp2_copies": terms.fsdp2_copies}}
+    if not request.runs:
+        data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
+    if request.cross_validate:
+        from gpufleet.planner.fit import cross_validate as leave_one_source_out
+
+        data["cross_validated"] = leave_one_source_out(loaded, predictions, catalog, options,
+                                                       request.node).summary(loaded, predictions)
+    ranking = None
+    if request.rank:
+        from gpufleet.planner.ranking import rank_groups
+
+        ranking = rank_groups(loaded, predictions)
+        data["ranking"] = ranking.as_dict()
+    return ValidateReport(request, loaded, predictions, summary, data, ranking)
