@@ -1,32 +1,36 @@
 """The HTML reports in a real headless Chromium (Debian's `chromium`, which .ci/run installs).
 
-The browser is driven over the DevTools protocol through a small websocket client written here (stdlib only):
-load the page from disk, collect console errors and failed loads, measure every chart's rendered box, count
-the resources the page fetched (an offline report fetches none) and write a full-page screenshot.
+The browser is driven through Playwright's sync API, launched on Debian's chromium (`executable_path`): Playwright's
+own browser download (`playwright install`) is never used, so the tests run offline. Each page is loaded from disk in
+a fresh browser context; the test collects console errors, uncaught exceptions and failed loads, measures every
+chart's rendered box, counts the resources the page fetched (an offline report fetches none) and writes a full-page
+screenshot.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
-import socket
 import struct
-import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from clirun import run_gpufleet
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")]
+#: Headless and quiet: no network of its own (updates, sync, first-run pages), no GPU, no scroll bars (they would
+#: take width from the boxes measured here).
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+                  "--hide-scrollbars"]
 
 #: The figures a plan report must draw (ids in src/gpufleet/report/plan_html.py).
 PLAN_FIGURES = ("fig-rejected", "fig-memory-stages", "fig-memory-plans", "fig-step-plans", "fig-step-parts",
@@ -56,129 +60,34 @@ WIDTHS = (
 REVIEW_DIR = os.environ.get("GPUFLEET_SCREENSHOT_DIR")
 
 
-class WebSocket:
-    """Just enough of RFC 6455 for the DevTools protocol: one client, text frames, no extensions."""
-
-    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
-        host_port, path = url.removeprefix("ws://").split("/", 1)
-        host, port = host_port.split(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {host_port}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-                           ).encode())
-        response = b""
-        while b"\r\n\r\n" not in response:
-            response += self.sock.recv(4096)
-        head, self.buffer = response.split(b"\r\n\r\n", 1)
-        assert head.split(b" ")[1] == b"101", head
-
-    def _exact(self, count: int) -> bytes:
-        while len(self.buffer) < count:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("DevTools closed the connection")
-            self.buffer += chunk
-        data, self.buffer = self.buffer[:count], self.buffer[count:]
-        return data
-
-    def send(self, text: str) -> None:
-        payload, mask = text.encode(), os.urandom(4)
-        size = len(payload)
-        header = bytes([0x81]) + (bytes([0x80 | size]) if size < 126 else
-                                  bytes([0x80 | 126]) + struct.pack(">H", size) if size < 1 << 16 else
-                                  bytes([0x80 | 127]) + struct.pack(">Q", size))
-        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
-
-    def receive(self) -> str:
-        message = b""
-        while True:
-            first, second = self._exact(2)
-            size = second & 0x7F
-            if size == 126:
-                size = struct.unpack(">H", self._exact(2))[0]
-            elif size == 127:
-                size = struct.unpack(">Q", self._exact(8))[0]
-            payload = self._exact(size)
-            if first & 0x0F in (0x1, 0x0):
-                message += payload
-                if first & 0x80:
-                    return message.decode()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class Page:
-    """One Chromium tab: send a command and wait for its answer, keeping every event that arrives meanwhile."""
-
-    def __init__(self, socket_url: str) -> None:
-        self.ws = WebSocket(socket_url)
-        self.next_id = 0
-        self.events: list[dict[str, Any]] = []
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.ws.receive())
-            if message.get("id") == self.next_id:
-                assert "error" not in message, message
-                return dict(message.get("result", {}))
-            self.events.append(message)
-
-    def wait_for(self, event: str, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not any(e.get("method") == event for e in self.events):
-            assert time.monotonic() < deadline, f"no {event} within {timeout_s} s"
-            self.events.append(json.loads(self.ws.receive()))
-
-    def evaluate(self, expression: str) -> Any:
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"]["value"]
-
-
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A headless Chromium with a throwaway profile; yields the DevTools HTTP address."""
+def browser() -> Iterator[Browser]:
+    """A headless Chromium (Debian's, never a downloaded one) driven by Playwright; a throwaway profile."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the dev extra) is not installed")
     assert CHROMIUM is not None
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    process = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-         "--window-size=1100,900", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert process.poll() is None, "chromium exited at start"
-            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port_file.read_text().split()[0]}"
-    finally:
-        process.terminate()
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            yield chromium
+        finally:
+            chromium.close()
 
 
-def load(browser: str, page_path: Path, screenshot: Path, window_px: int = 1100) -> dict[str, Any]:
-    """Open `page_path` in a fresh tab `window_px` wide and return what the page did: console errors, charts' boxes,
-    fetches, labels on data, widths."""
-    request = urllib.request.Request(f"http://{browser}/json/new?about:blank", method="PUT")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        target = json.load(answer)
-    page = Page(target["webSocketDebuggerUrl"])
+def load(browser: Browser, page_path: Path, screenshot: Path, window_px: int = 1100) -> dict[str, Any]:
+    """Open `page_path` in a fresh context `window_px` wide and return what the page did: console errors, charts'
+    boxes, fetches, labels on data, widths."""
+    context = browser.new_context(viewport={"width": window_px, "height": 900}, device_scale_factor=1)
     try:
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            page.call(f"{domain}.enable")
-        page.call("Emulation.setDeviceMetricsOverride", width=window_px, height=900, deviceScaleFactor=1,
-                  mobile=False)
-        page.events.clear()
-        page.call("Page.navigate", url=page_path.resolve().as_uri())
-        page.wait_for("Page.loadEventFired")
+        page = context.new_page()
+        errors: list[str] = []
+        requests: list[str] = []
+        # console.error/assert, and what Chromium logs as an error (a failed load, a refused resource)
+        page.on("console", lambda message: errors.append(f"console {message.type}: {message.text}")
+                if message.type in ("error", "assert") else None)
+        page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
+        page.on("requestfailed", lambda request: errors.append(f"load failed: {request.url} ({request.failure})"))
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(page_path.resolve().as_uri(), wait_until="load")
         labels, widths = page.evaluate(LABELS_ON_DATA), page.evaluate(WIDTHS)
         charts = page.evaluate(
             "[...document.querySelectorAll('figure')].map(f => { const s = f.querySelector('svg');"
@@ -189,21 +98,13 @@ def load(browser: str, page_path: Path, screenshot: Path, window_px: int = 1100)
             " table: !!f.querySelector('details table')}; })")
         fetched = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
         width, height = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-        page.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-        shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        page.screenshot(path=screenshot, full_page=True, type="png")
         if REVIEW_DIR:
             shutil.copy(screenshot, Path(REVIEW_DIR) / screenshot.name)
-        errors = [e for e in page.events if e.get("method") == "Runtime.exceptionThrown"
-                  or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-                  or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
-                  or e.get("method") == "Network.loadingFailed"]
-        requests = [e["params"]["request"]["url"] for e in page.events
-                    if e.get("method") == "Network.requestWillBeSent"]
         return {"charts": charts, "errors": errors, "fetched": fetched, "requests": requests,
                 "size": (width, height), "window": window_px, "labels": labels, "widths": widths}
     finally:
-        page.ws.close()
+        context.close()
 
 
 def check_page(seen: dict[str, Any], page_path: Path, screenshot: Path) -> None:
@@ -232,7 +133,7 @@ def check_ranked_table(seen: dict[str, Any]) -> None:
     assert ranked["held"] == ["sticky", "sticky"]  # were the window narrower: rank and layout stay in view
 
 
-def test_plan_report_in_chromium(browser: str, tmp_path: Path) -> None:
+def test_plan_report_in_chromium(browser: Browser, tmp_path: Path) -> None:
     report = tmp_path / "plan.html"
     done = run_gpufleet("plan", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--html", str(report))
     assert done.returncode == 0, done.stderr
@@ -246,7 +147,7 @@ def test_plan_report_in_chromium(browser: str, tmp_path: Path) -> None:
     assert any(label.startswith("HBM") for label in labels["fig-memory-plans"]), labels
 
 
-def test_ranked_table_scrolls_under_its_layout_column_in_a_narrow_window(browser: str, tmp_path: Path) -> None:
+def test_ranked_table_scrolls_under_its_layout_column_in_a_narrow_window(browser: Browser, tmp_path: Path) -> None:
     report = tmp_path / "plan.html"
     done = run_gpufleet("plan", "-m", "llama3-70b", "-t", "2T", "-n", "256", "--html", str(report))
     assert done.returncode == 0, done.stderr
@@ -256,7 +157,7 @@ def test_ranked_table_scrolls_under_its_layout_column_in_a_narrow_window(browser
     assert ranked["full"] > ranked["visible"] and ranked["held"] == ["sticky", "sticky"], ranked
 
 
-def test_sweep_report_in_chromium(browser: str, tmp_path: Path) -> None:
+def test_sweep_report_in_chromium(browser: Browser, tmp_path: Path) -> None:
     report = tmp_path / "sweep.html"
     done = run_gpufleet("plan", "-n", "16-64", "--deadline", "60d", "--html", str(report))
     assert done.returncode == 0, done.stderr
@@ -268,7 +169,7 @@ def test_sweep_report_in_chromium(browser: str, tmp_path: Path) -> None:
     assert "best searched plan per GPU count" in seen["charts"][5]["caption"]
 
 
-def test_validate_report_in_chromium(browser: str, tmp_path: Path) -> None:
+def test_validate_report_in_chromium(browser: Browser, tmp_path: Path) -> None:
     report = tmp_path / "validate.html"
     done = run_gpufleet("validate", "--html", str(report))
     assert done.returncode == 0, done.stderr
@@ -280,7 +181,7 @@ def test_validate_report_in_chromium(browser: str, tmp_path: Path) -> None:
     assert parity["labels"] == ["predicted = measured"] and parity["marks"] > 10, parity
 
 
-def test_labels_clear_crowded_data_in_chromium(browser: str, tmp_path: Path) -> None:
+def test_labels_clear_crowded_data_in_chromium(browser: Browser, tmp_path: Path) -> None:
     """Where the first place a label would go is full of data (markers along the top of the plot where a
     break-even label starts, points on the parity line's end), the labels move; checked on the rendered boxes."""
     from gpufleet.report.html import page

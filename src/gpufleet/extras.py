@@ -22,6 +22,7 @@ EXTRA_MODULES: dict[str, tuple[str, str]] = {
     "s3fs": ("runtime", "s3fs"),
     "xxhash": ("runtime", "xxhash"),
     "pynvml": ("runtime", "nvidia-ml-py"),
+    "tenacity": ("runtime", "tenacity"),
     "matplotlib": ("plot", "matplotlib"),
     "deepspeed": ("launch-check", "deepspeed"),
     "torchtitan": ("launch-check", "torchtitan"),

@@ -16,13 +16,12 @@ import hashlib
 import itertools
 import logging
 import os
-import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.extras import missing_extra
@@ -44,6 +43,9 @@ from gpufleet.runtime.checkpoint.verify import (
     read_manifest,
     verify_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -202,36 +204,84 @@ PERMANENT = (GpufleetError, FileNotFoundError, PermissionError, IsADirectoryErro
 once, never retried."""
 
 
+class _SinceFirstFailure:
+    """The policy's deadline, counted from a request's first failure (not its first try: a first try that was slow
+    to fail still gets a second), for tenacity's stop and wait of one `with_retries` call."""
+
+    def __init__(self, deadline_s: float | None) -> None:
+        self.deadline_s = deadline_s
+        self.first_failure_s: float | None = None
+
+    def spent_s(self, state: RetryCallState) -> float:
+        now = state.outcome_timestamp if state.outcome_timestamp is not None else time.monotonic()
+        if self.first_failure_s is None or state.attempt_number == 1:
+            self.first_failure_s = now
+        return now - self.first_failure_s
+
+    def left_s(self, state: RetryCallState) -> float | None:
+        return None if self.deadline_s is None else self.deadline_s - self.spent_s(state)
+
+
 def with_retries(action: Callable[[], T], what: str, policy: TransferPolicy,
                  on_retry: Callable[[], None] | None = None) -> T:
     """Run `action`, retrying what may be transient with exponential backoff and jitter, within the policy's
-    attempts and deadline. After the last try: StoreUnreachableError when the store did not answer
-    (`reach.is_unreachable`), else TransferError; a PERMANENT failure is raised as it is, at once."""
-    first_failure_s: float | None = None
+    attempts and deadline (tenacity does the retrying). After the last try: StoreUnreachableError when the store did
+    not answer (`reach.is_unreachable`), else TransferError; a PERMANENT failure is raised as it is, at once.
+
+    The policy, as before tenacity: try `n` waits `backoff_s * 2**(n-1)` capped at `backoff_max_s`, times a uniform
+    factor in [0.5, 1] ("equal jitter": half fixed, half random), and never past the deadline, so the last try lands
+    on it; the deadline counts from the first failure. Any Exception not PERMANENT is retried (network, HTTP 5xx, a
+    refused connection, a short object); a BaseException (KeyboardInterrupt) is never caught.
+    """
+    from tenacity import (
+        Retrying,
+        retry_if_exception_type,
+        retry_if_not_exception_type,
+        stop_after_attempt,
+        stop_never,
+        wait_exponential,
+        wait_random_exponential,
+    )
+
     permanent: tuple[type[BaseException], ...] = PERMANENT + _credentials_errors()
-    for attempt in itertools.count(1):
-        try:
-            return action()
-        except permanent:
-            raise
-        except Exception as error:  # network, HTTP 5xx, connection refused, a short object: all retried alike
-            now = time.monotonic()
-            first_failure_s = now if first_failure_s is None else first_failure_s
-            left_s = None if policy.deadline_s is None else policy.deadline_s - (now - first_failure_s)
-            if attempt == policy.max_attempts or (left_s is not None and left_s <= 0):
-                spent_s = now - first_failure_s
-                kind = StoreUnreachableError if is_unreachable(error) else TransferError
-                raise kind(f"{what} failed after {attempt} attempt(s) over {spent_s:.0f} s: {error}") from error
-            delay_s = min(policy.backoff_s * 2 ** (attempt - 1), policy.backoff_max_s)
-            delay_s *= 0.5 + random.random() / 2
-            if left_s is not None:
-                delay_s = min(delay_s, left_s)
-            log.warning("%s failed (attempt %d%s, retrying in %.2f s): %s", what, attempt,
-                        f"/{policy.max_attempts}" if policy.max_attempts else "", delay_s, error)
-            time.sleep(delay_s)
-            if on_retry is not None:
-                on_retry()
-    raise AssertionError("unreachable")
+    deadline = _SinceFirstFailure(policy.deadline_s)
+    half_s, half_max_s = policy.backoff_s / 2, policy.backoff_max_s / 2
+    # x/2 + uniform(0, x/2) for x = min(backoff_s * 2**(n-1), backoff_max_s): x * uniform(0.5, 1)
+    backoff = (wait_exponential(multiplier=half_s, max=half_max_s)
+               + wait_random_exponential(multiplier=half_s, max=half_max_s))
+
+    def wait(state: RetryCallState) -> float:
+        left_s = deadline.left_s(state)
+        return backoff(state) if left_s is None else max(0.0, min(backoff(state), left_s))
+
+    attempts = stop_never if policy.max_attempts is None else stop_after_attempt(policy.max_attempts)
+
+    def stop(state: RetryCallState) -> bool:
+        left_s = deadline.left_s(state)
+        return attempts(state) or (left_s is not None and left_s <= 0)
+
+    def before(state: RetryCallState) -> None:
+        if state.attempt_number > 1 and on_retry is not None:
+            on_retry()
+
+    def before_sleep(state: RetryCallState) -> None:
+        assert state.outcome is not None and state.next_action is not None
+        log.warning("%s failed (attempt %d%s, retrying in %.2f s): %s", what, state.attempt_number,
+                    f"/{policy.max_attempts}" if policy.max_attempts else "", state.next_action.sleep,
+                    state.outcome.exception())
+
+    def give_up(state: RetryCallState) -> T:
+        assert state.outcome is not None
+        error = state.outcome.exception()
+        assert error is not None
+        kind = StoreUnreachableError if is_unreachable(error) else TransferError
+        raise kind(f"{what} failed after {state.attempt_number} attempt(s) over {deadline.spent_s(state):.0f} s: "
+                   f"{error}") from error
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(Exception) & retry_if_not_exception_type(permanent),
+        stop=stop, wait=wait, before=before, before_sleep=before_sleep, retry_error_callback=give_up)
+    return retrying(action)
 
 
 class _Throttle:
