@@ -1,0 +1,101 @@
+"""Docs quote live output, continued: the figures of docs/two-sites.md, docs/plan-defaults-and-speed.md and the
+other docs/*.md pages that a `gpufleet` command prints, compared with that command's --json run in process.
+
+Same helpers and rules as tests/test_docs_live.py: a figure is the number after a marker, compared within the
+doc's own rounding. Searches that take more than a few seconds each are marked slow.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from test_docs_live import assert_quotes, command_json, doc
+
+# ---- docs/two-sites.md ----------------------------------------------------------------------------------
+
+SEED_JOB = ("plan", "-m", "llama3-70b", "-t", "15T", "-n", "2048", "--global-batch", "4096")
+
+
+def two_sites(gbps: str = "200") -> Any:
+    return command_json(*SEED_JOB, "--sites", "2", "--wan-gbps", gbps, "--wan-latency", "5ms")
+
+
+def table_row(text: str, first_cell: str) -> list[str]:
+    """The cells of the markdown table row that starts with `first_cell`."""
+    for line in text.splitlines():
+        if line.startswith(f"| {first_cell} |"):
+            return [cell.strip() for cell in line.strip().strip("|").split("|")]
+    raise AssertionError(f"no table row {first_cell!r}")
+
+
+def seconds(cell: str) -> float:
+    assert cell.endswith(" s"), cell
+    return float(cell[:-2])
+
+
+def assert_cell(cell: str, value: float, *, scale: float = 1.0) -> None:
+    """A table cell's number (with its unit) is `value` × `scale` as the cell rounds it."""
+    raw = re.search(r"-?\d[\d,]*(?:\.\d+)?", cell)
+    assert raw, cell
+    number = raw.group().replace(",", "")
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    assert float(number) == pytest.approx(round(value * scale, decimals), abs=0.51 * 10 ** -decimals), (
+        f"the doc's cell {cell!r}, the command gives {value * scale}")
+
+
+def test_two_sites_against_one_site() -> None:
+    """The first table's one-site and best two-site rows, and the prose that quotes them."""
+    one = command_json(*SEED_JOB)["plans"][0]
+    request = two_sites()["request"]
+    two = two_sites()["plans"][0]
+    wan = two["parts"]["comm.wan"]
+    text = doc("docs/two-sites.md")
+    row = table_row(text, "one site of 2,048 GPUs")
+    assert row[1] == one["layout"]["label"]
+    assert_cell(row[2], one["step_s"])
+    assert row[4] == row[5] == "-"
+    assert_cell(row[6], one["mfu"], scale=100)
+    row = table_row(text, "two sites, best DP across")
+    assert row[1] == two["layout"]["label"]
+    assert_cell(row[2], two["step_s"])
+    assert_cell(row[3], two["step_s"] / one["step_s"])
+    assert_cell(row[4], wan["exposed_s"])
+    assert_cell(row[5], wan["hidden_s"])
+    assert_cell(row[6], two["mfu"], scale=100)
+    # the 200 Gb/s row of the bandwidth table is the same plan
+    row = table_row(text, "200")
+    assert_cell(row[1], two["step_s"])
+    assert_cell(row[2], two["step_s"] / one["step_s"])
+    assert row[3] == f"DP across ({two['layout']['label']})" and wan["link"].startswith("DP across")
+    assert_cell(row[4], wan["exposed_s"])
+    # the prose
+    assert_quotes(text, "**What the link costs.** The best two-site plan takes ", two["step_s"])
+    assert_quotes(text, "**What the link costs.** The best two-site plan takes ", one["step_s"], nth=1)
+    assert_quotes(text, "GPUs: ", two["step_s"] / one["step_s"])
+    assert_quotes(text, "Of the ", wan["exposed_s"] + wan["hidden_s"])
+    assert_quotes(text, "all-reduce takes each step, ", wan["exposed_s"])
+    assert_quotes(text, "Backward hides the other ", wan["hidden_s"])
+    assert_quotes(text, "DP across beats PP across, ", two["step_s"])
+    # the link sentence the doc quotes from --explain / --json (up to its "...")
+    quoted = re.search(r"`(DP across 2 sites [^`]*?) \.\.\.`", text, flags=re.S)
+    assert quoted, "the quoted comm.wan link"
+    assert wan["link"].startswith(" ".join(quoted.group(1).split()))
+    assert_quotes(text, "one replica's gradients (", float(re.search(r"([\d.]+) GiB", wan["link"]).group(1)))
+    assert request["sites"] == 2 and request["wan_latency_s"] == pytest.approx(0.005)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gbps", ["400", "800", "1,600", "3,200", "6,400"])
+def test_two_sites_link_sweep(gbps: str) -> None:
+    """The bandwidth table's other rows: `plan --sites 2 --wan-gbps G` at each rate (about 6 s each)."""
+    one = command_json(*SEED_JOB)["plans"][0]
+    best = two_sites(gbps.replace(",", ""))["plans"][0]
+    wan = best["parts"]["comm.wan"]
+    row = table_row(doc("docs/two-sites.md"), gbps)
+    assert_cell(row[1], best["step_s"])
+    assert_cell(row[2], best["step_s"] / one["step_s"])
+    assert row[3] == f"{wan['link'].split(' (')[0].replace(' 2 sites', '')} ({best['layout']['label']})"
+    assert_cell(row[4], wan["exposed_s"])
