@@ -99,3 +99,33 @@ def test_two_sites_link_sweep(gbps: str) -> None:
     assert_cell(row[2], best["step_s"] / one["step_s"])
     assert row[3] == f"{wan['link'].split(' (')[0].replace(' 2 sites', '')} ({best['layout']['label']})"
     assert_cell(row[4], wan["exposed_s"])
+
+
+# ---- docs/plan-defaults-and-speed.md --------------------------------------------------------------------
+
+def test_default_batch_figures() -> None:
+    """The 405B default batch: the rule sentence `plan` prints, the 16M tokens, and the best plan's MFU."""
+    data = command_json("plan", "-m", "llama3-405b", "-t", "15T", "-g", "h100-sxm", "-n", "16384")
+    job = data["job"]
+    text = doc("docs/plan-defaults-and-speed.md")
+    assert job["global_batch_chosen_by"] == "planner"
+    quoted = re.search(r"```\nbatch: (.*?)\n```", text, flags=re.S)
+    assert quoted, "the quoted batch line"
+    assert " ".join(quoted.group(1).split()) == job["global_batch_rule"]
+    assert_quotes(text, "With the cap the default is ", job["global_batch"] * job["seq_len"],
+                  scale=2.0 ** -20)  # M = 2^20 tokens, as `plan` prints it (4,096 × 4,096 = 16.0M)
+    assert_quotes(text, "With the cap the default is 16M tokens (", job["global_batch"])
+    assert_quotes(text, "and the best plan's MFU is ", data["plans"][0]["mfu"], scale=100)
+    uncapped = command_json("plan", "-m", "llama3-405b", "-t", "15T", "-g", "h100-sxm", "-n", "16384",
+                            "--global-batch", "16384")
+    assert_quotes(text, "it made the 405B plan look better than\nany measured run: ", uncapped["plans"][0]["mfu"],
+                  scale=100)
+
+
+def test_search_counts_figures() -> None:
+    """DeepSeek-V3 on 2,048 H800s: the layouts `plan` tries and those that fit, as its --json counts them."""
+    search = command_json("plan", "-m", "deepseek-v3", "-n", "2048", "-g", "h800-sxm", "--precision", "fp8")["search"]
+    text = doc("docs/plan-defaults-and-speed.md")
+    assert_quotes(text, "DeepSeek-V3 on 2,048 H800s has ", search["tried"])
+    assert_quotes(text, "estimate the step time of every layout that fit (", search["feasible"])
+    assert_quotes(text, "2.4 s for DeepSeek-V3's ", search["tried"])
