@@ -129,3 +129,57 @@ def test_search_counts_figures() -> None:
     assert_quotes(text, "DeepSeek-V3 on 2,048 H800s has ", search["tried"])
     assert_quotes(text, "estimate the step time of every layout that fit (", search["feasible"])
     assert_quotes(text, "2.4 s for DeepSeek-V3's ", search["tried"])
+
+
+# ---- docs/residuals.md and docs/dp-scaling.md: the shipped model's medians ------------------------------
+
+def split_medians(runs: list[dict[str, Any]]) -> tuple[int, int, float, float, float]:
+    """Dense and MoE run counts and the median |error| of all, dense and MoE runs, as the studies split them."""
+    import statistics
+
+    scored = [run for run in runs if run["error"] is not None]
+    dense = [abs(run["error"]) for run in scored if run["regime"] != "moe"]
+    moe = [abs(run["error"]) for run in scored if run["regime"] == "moe"]
+    return len(dense), len(moe), statistics.median(dense + moe), statistics.median(dense), statistics.median(moe)
+
+
+def assert_three(cell: str, values: tuple[float, float, float]) -> None:
+    """A cell "a / b / c %" (bold allowed) quotes the three medians in percent."""
+    parts = cell.replace("*", "").rstrip(" %").split(" / ")
+    assert len(parts) == 3, cell
+    for part, value in zip(parts, values, strict=True):
+        assert_cell(part, value, scale=100)
+
+
+def test_shipped_in_sample_medians() -> None:
+    """In-sample medians of the shipped model (all / dense / MoE) and the run counts, from `validate --json`."""
+    n_dense, n_moe, *medians = split_medians(command_json("validate")["runs"])
+    residuals, scaling = doc("docs/residuals.md"), doc("docs/dp-scaling.md")
+    row = table_row(residuals, "+ FSDP2 copies (**shipped**)")
+    assert_three(row[1], tuple(medians))  # type: ignore[arg-type]
+    assert_three(row[2], tuple(medians))  # type: ignore[arg-type]  # the refit does not move with the copies
+    marker = "The set is the 126 predicted runs of the shipped file and the six fitting files: "
+    assert_quotes(residuals, "The set is the ", n_dense + n_moe)
+    assert_quotes(residuals, marker, n_dense)
+    assert_quotes(residuals, marker, n_moe, nth=1)
+    assert_quotes(scaling, "the six `*_fitted.yaml` files: ", n_dense + n_moe)
+    assert_quotes(scaling, "the six `*_fitted.yaml` files: 126 predicted runs, ", n_dense)
+    assert_quotes(scaling, "the six `*_fitted.yaml` files: 126 predicted runs, ", n_moe, nth=1)
+    for nth, value in enumerate(medians):
+        assert_quotes(scaling, "moves the shipped row to ", value, nth=nth, scale=100)
+    assert_quotes(residuals, "* the 22 MoE runs, whose LOSO median error is 21.6 % (", medians[2], scale=100)
+
+
+@pytest.mark.slow
+def test_shipped_leave_one_source_out_medians() -> None:
+    """`validate --cross-validate` (about 30 s of CPU): the shipped LOSO medians both studies quote."""
+    folds = command_json("validate", "--cross-validate")["cross_validated"]
+    medians = (folds["median_abs_error"], folds["dense"]["median_abs_error"], folds["moe"]["median_abs_error"])
+    residuals, scaling = doc("docs/residuals.md"), doc("docs/dp-scaling.md")
+    assert_three(table_row(residuals, "+ FSDP2 copies (**shipped**)")[3], medians)
+    assert_quotes(residuals, "* the 22 MoE runs, whose LOSO median error is ", medians[2], scale=100)
+    assert_quotes(residuals, "the term improves LOSO overall (7.8 → ", medians[0], scale=100)
+    assert_quotes(residuals, "and dense\n(6.5 → ", medians[1], scale=100)
+    assert_quotes(residuals, "MoE LOSO is unchanged (", medians[2], scale=100)
+    for nth, value in enumerate(medians):
+        assert_quotes(scaling, "% in-sample and\n", value, nth=nth, scale=100)
