@@ -183,3 +183,42 @@ def test_shipped_leave_one_source_out_medians() -> None:
     assert_quotes(residuals, "MoE LOSO is unchanged (", medians[2], scale=100)
     for nth, value in enumerate(medians):
         assert_quotes(scaling, "% in-sample and\n", value, nth=nth, scale=100)
+
+
+# ---- README.md's validation table -----------------------------------------------------------------------
+
+def test_readme_validation_table_in_sample() -> None:
+    n_dense, n_moe, all_, dense, moe = split_medians(command_json("validate")["runs"])
+    readme = doc("README.md")
+    for first, runs, median in (("all 126", n_dense + n_moe, all_), ("dense (104)", n_dense, dense),
+                                ("MoE (22)", n_moe, moe)):
+        row = table_row(readme, first)
+        assert_cell(row[0], runs)
+        assert_cell(row[1], median, scale=100)
+
+
+@pytest.mark.slow
+def test_readme_validation_table_out_of_sample() -> None:
+    """The leave-one-source-out column, within 10 %, and the worst sources (`validate --cross-validate`)."""
+    folds = command_json("validate", "--cross-validate")["cross_validated"]
+    readme = doc("README.md")
+    for first, split in (("all 126", folds), ("dense (104)", folds["dense"]), ("MoE (22)", folds["moe"])):
+        row = table_row(readme, first)
+        assert_cell(row[2], split["median_abs_error"], scale=100)
+        assert_cell(row[3], split["within_10pct"], scale=100)
+    worst = table_row(readme, "worst sources left out")[1]
+    by_source = folds["by_source"]
+    for name, source in (("MT-NLG", "mtnlg-megatron-deepspeed"), ("NeMo AutoModel", "nemo-automodel"),
+                         ("BLOOM", "bloom-megatron-deepspeed")):
+        assert_quotes(worst, name, by_source[source]["median_abs_error"], scale=100)
+    ranked = sorted((s for s in by_source.values() if s["median_abs_error"] is not None),
+                    key=lambda s: -s["median_abs_error"])
+    assert {round(s["median_abs_error"], 3) for s in ranked[:3]} == {
+        round(by_source[key]["median_abs_error"], 3)
+        for key in ("mtnlg-megatron-deepspeed", "nemo-automodel", "bloom-megatron-deepspeed")}
+    # docs/model.md rounds the MoE gap to whole percent
+    *_, moe = split_medians(command_json("validate")["runs"])
+    model = doc("docs/model.md")
+    assert_quotes(model, "* **The MoE leave-one-source-out gap (", moe, scale=100)
+    assert_quotes(model, "* **The MoE leave-one-source-out gap (", folds["moe"]["median_abs_error"], nth=1,
+                  scale=100)
