@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check"
 #: what runs on a CPU (all must pass on the dry path) and what only a GPU can do (skipped there)
 GPU_ONLY = {"nvml-vs-nvidia-smi"}
-NOT_YET = {"loop-moe"}  # no MoE burn-in exists: skipped on both paths
+NOT_YET: set[str] = set()  # steps skipped on both paths until what they run exists (none now)
 STEP_KEYS = {"name", "title", "status", "reason", "seconds", "timeout_s", "numbers"}
 
 
@@ -57,7 +57,8 @@ def test_dry_path_passes_every_cpu_step_and_writes_the_report(
         assert "\n" not in step["reason"] and step["seconds"] <= step["timeout_s"]
         expected = "skipped" if step["name"] in GPU_ONLY | NOT_YET else "pass"
         assert step["status"] == expected, step
-    assert results["counts"] == {"pass": len(runner.STEPS) - 2, "fail": 0, "skipped": 2}
+    skipped = len(GPU_ONLY | NOT_YET)
+    assert results["counts"] == {"pass": len(runner.STEPS) - skipped, "fail": 0, "skipped": skipped}
     markdown = (folder / "REPORT.md").read_text()
     assert markdown.startswith("# gpu-check report (dry path)")
     for step in results["steps"]:
@@ -72,9 +73,14 @@ def test_dry_path_figures(dry_run: tuple[subprocess.CompletedProcess[str], Path]
     checkpoint killed while a save was in flight, the plan's parts that the calibration moved."""
     _, folder = dry_run
     steps = {step["name"]: step["numbers"] for step in json.loads((folder / "results.json").read_text())["steps"]}
-    loop = steps["loop-dense"]
-    assert loop["predicted_step_s"] > 0 and loop["measured_step_s"] > 0 and loop["predicted_interval_s"] is None
-    assert loop["ratio_plan_over_measured"] == pytest.approx(loop["predicted_step_s"] / loop["measured_step_s"])
+    for name in ("loop-dense", "loop-moe"):
+        loop = steps[name]
+        low, high = loop["predicted_interval_s"]
+        assert loop["predicted_step_s"] > 0 and loop["measured_step_s"] > 0 and low < loop["predicted_step_s"] < high
+        assert loop["ratio_plan_over_measured"] == pytest.approx(loop["predicted_step_s"] / loop["measured_step_s"])
+    moe = steps["loop-moe"]
+    assert moe["model"] == "moe" and moe["experts"] == burnin_check.DRY_MOE_RUN.shape.experts
+    assert moe["parts_ms"]["host.moe"] > 0 and "comm.ep" not in moe["parts_ms"]
     resumed = steps["burnin-kill-resume"]
     assert resumed["differing_steps"] == [] and resumed["compared_steps"] >= burnin_check.DRY_RUN.kill_steps
     assert resumed["against"] == "the uninterrupted loop-dense run"

@@ -323,3 +323,43 @@ def test_half_dim_fit_recovers_the_curve_it_came_from(half: int, dims: list[tupl
     peak = 1e12
     shapes = tuple((m, n, k, count, peak * m / (m + half) * n / (n + half) * k / (k + half)) for m, n, k, count in dims)
     assert fit_half_dim(peak, shapes) == half
+
+
+#: The MoE burn-in: the same 2 x 384 model with every MLP a mixture of 4 GELU experts of width 768, top-2 (the same
+#: FLOPs per token as the dense model's 1536-wide MLP), for a few steps and 2 measurement rounds.
+MOE = ["--experts", "4", "--top-k", "2", "--ffn-hidden", "768"]
+MOE_STEPS = 6
+
+
+def _moe_run(folder: Path) -> tuple[str, list[dict[str, Any]]]:
+    out = finish(torchrun(folder, checkpoint_every=MOE_STEPS, steps=MOE_STEPS,
+                          extra=(*MOE, "--measure-host", str(folder / "host.yaml"), "--measure-rounds", "2",
+                                 "--measure-clock", "cpu")), timeout_s=240)
+    return out, read_log(folder / "log.jsonl")
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(480)
+def test_moe_burnin_writes_its_host_catalog_prints_the_loop_and_repeats_its_losses(tmp_path: Path) -> None:
+    """`burnin --experts 4 --top-k 2 --measure-host` under torchrun with gloo on 2 ranks: every loss finite, the host
+    catalog describes the MoE model with its `moe:` block (priced by the planner at the burn-in's own layout), the
+    loop line is printed, and a second run logs the same losses bit for bit (routing included)."""
+    from gpufleet.catalog.registry import Catalog
+    from gpufleet.runtime.burnin.config import MOE_MODEL_ID
+
+    runs = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        runs.append(_moe_run(tmp_path / name))
+    out, log = runs[0]
+    losses = [line["loss"] for line in log]
+    assert [line["step"] for line in log] == list(range(1, MOE_STEPS + 1))
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    assert [float(loss).hex() for loss in losses] == [float(line["loss"]).hex() for line in runs[1][1]]
+    text = out.replace("\n", "")  # the console wraps long lines at a space, which it keeps
+    loop_line = text[text.index("plan "):text.index("burn-in: ")]
+    assert " s/step (" in loop_line and "burn-in " in loop_line and "plan/burn-in " in loop_line
+    assert "host.moe" in loop_line and "comm.ep" not in loop_line  # ep=1: every rank computes every expert
+    model = Catalog((tmp_path / "first" / "host.yaml",)).model(MOE_MODEL_ID)
+    assert model.moe is not None and (model.moe.experts, model.moe.top_k, model.moe.expert_ffn_hidden) == (4, 2, 768)
+    print(loop_line)

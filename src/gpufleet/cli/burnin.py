@@ -31,6 +31,9 @@ Examples:
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
         -m gpufleet burnin --measure-host host.yaml --steps 24   # ends: plan vs measured step
 
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
+        -m gpufleet burnin --experts 4 --top-k 2 --measure-host host.yaml --steps 24   # the same for a MoE model
+
 With --measure-host the host is measured in rounds between the training steps (--measure-rounds), the catalog file
 is written at the end, and the planner's step time for the burn-in's own layout on it is printed next to the
 measured one: the loop plan -> run -> measure -> plan again, on your own machine.
@@ -51,6 +54,10 @@ Heads = Annotated[int, typer.Option("--heads", help="Attention heads.")]
 FfnHidden = Annotated[int, typer.Option("--ffn-hidden", help="MLP width.")]
 Vocab = Annotated[int, typer.Option("--vocab", help="Vocabulary size.")]
 SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
+Experts = Annotated[int, typer.Option(
+    "--experts", help="Routed experts per block (0: a dense MLP). With N > 0 every block's MLP is a mixture of N "
+    "GELU experts of width --ffn-hidden, every rank computing every expert (no expert parallelism).")]
+TopK = Annotated[int, typer.Option("--top-k", help="Experts per token (with --experts).")]
 Lr = Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).")]
 WarmupSteps = Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of weights and data.")]
@@ -78,7 +85,8 @@ def burnin(
     steps: Steps = 20, checkpoint_dir: CheckpointDir = Path("burnin-ckpt"), log_file: LogFile = Path("burnin.jsonl"),
     checkpoint_every: CheckpointEvery = 5, keep_last: KeepLast = 2, micro_batch: MicroBatch = 4, layers: Layers = 2,
     hidden: Hidden = 128, heads: Heads = 4, ffn_hidden: FfnHidden = 512, vocab: Vocab = 512, seq_len: SeqLen = 64,
-    lr: Lr = 3e-3, warmup_steps: WarmupSteps = 10, seed: Seed = 1234, threads: Threads = 1, backend: Backend = None,
+    experts: Experts = 0, top_k: TopK = 2, lr: Lr = 3e-3, warmup_steps: WarmupSteps = 10, seed: Seed = 1234,
+    threads: Threads = 1, backend: Backend = None,
     metrics_port: MetricsPort = None, plan: PlanFile = None, measure_host: MeasureHost = None,
     measure_rounds: MeasureRounds = DEFAULT_MEASURE_ROUNDS, measure_clock: MeasureClock = "wall",
     json_output: bool = JsonOption,
@@ -87,7 +95,7 @@ def burnin(
 
     out = Output(json_mode=json_output)
     shape = ModelShape(layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, vocab=vocab,
-                       seq_len=seq_len)
+                       seq_len=seq_len, experts=experts, top_k=top_k)
     config = BurninConfig(steps=steps, checkpoint_dir=checkpoint_dir, log_file=log_file, shape=shape,
                           micro_batch=micro_batch, checkpoint_every=checkpoint_every, keep_last=keep_last, lr=lr,
                           warmup_steps=warmup_steps, seed=seed, threads=threads or None,
@@ -124,7 +132,6 @@ def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict
     step; the figures for --json (None when the host was not measured)."""
     from gpufleet.catalog.registry import Catalog
     from gpufleet.planner.fixed_layout import eager_fsdp_plan
-    from gpufleet.runtime.burnin.config import MODEL_ID
     from gpufleet.runtime.burnin.group import default_backend
     from gpufleet.runtime.burnin.host_catalog import HOST_GPU_ID, HOST_NODE_ID, write_host_catalog
     from gpufleet.runtime.burnin.loop import LoopCheck, measured_step
@@ -133,7 +140,7 @@ def _write_host(out: Output, config: BurninConfig, result: BurninResult) -> dict
         return None
     write_host_catalog(config.measure_host, result.host, config.shape)
     on_gpu = (config.backend or default_backend()) == "nccl"
-    planned = eager_fsdp_plan(Catalog((config.measure_host,)), MODEL_ID, HOST_GPU_ID, HOST_NODE_ID,
+    planned = eager_fsdp_plan(Catalog((config.measure_host,)), config.shape.model_id, HOST_GPU_ID, HOST_NODE_ID,
                               result.world_size, config.shape.seq_len, config.micro_batch, overlap=on_gpu)
     step = planned.step
     check = LoopCheck(predicted_s=step.step_s, parts_s={name: part.exposed_s for name, part in step.parts.items()},

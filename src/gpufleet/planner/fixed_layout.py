@@ -4,9 +4,12 @@ measured step).
 
 A plain PyTorch FSDP2 training loop, as the planner's request: data parallel over every rank with the parameters
 fully sharded (`fully_shard`), no TP, PP or CP, no recompute, eager element-wise ops (no fused kernels), PyTorch's
-cross-entropy (the bytes per logit the catalog's torchtitan stack states for it). `overlap` says whether FSDP2's
-collectives run under compute: on GPUs NCCL runs on its own SMs and FSDP2 prefetches, while on a CPU the same
-cores run gloo and the GEMMs (a judgement about the host, not a fit).
+cross-entropy (the bytes per logit the catalog's torchtitan stack states for it). A MoE model keeps every expert
+on every rank (`ep=1`, no all-to-all): `fully_shard` shards the experts' weights like any other and each rank
+computes every expert on its own tokens, as the burn-in's MoE model does; routing is dropless (the step options'
+default), so the host time of the MoE layer's many small kernels counts in full (`host.moe`).
+`overlap` says whether FSDP2's collectives run under compute: on GPUs NCCL runs on its own SMs and FSDP2
+prefetches, while on a CPU the same cores run gloo and the GEMMs (a judgement about the host, not a fit).
 """
 
 from __future__ import annotations
@@ -61,11 +64,13 @@ def eager_fsdp_step(catalog: Catalog, model: str, gpu: str, node: str, ranks: in
     options = StepOptions(dp_overlap=overlap, fused_elementwise=False,
                           loss_bytes_per_logit=pytorch_loss_bytes_per_logit(catalog))
     space = SearchSpace(micro_batches=(micro_batch,), shardings=("fsdp",), recomputes=("none",), vpps=(1,),
-                        cps=(1,), max_tp=1, partial_recompute=False, activation_offload=False)
+                        cps=(1,), max_tp=1, partial_recompute=False, activation_offload=False,
+                        expert_parallel=False)
     request = PlanRequest(model=model, tokens=1e9, gpu=gpu, gpus=ranks, node=node, seq_len=seq_len,
                           global_batch=micro_batch * ranks, options=options, search_space=space, top=1)
     result = make_plan(request, catalog)
-    steps = [c.step for c in result.search.feasible if (c.layout.tp, c.layout.pp, c.layout.dp) == (1, 1, ranks)]
+    steps = [c.step for c in result.search.feasible
+             if (c.layout.tp, c.layout.pp, c.layout.dp, c.layout.ep) == (1, 1, ranks, 1)]
     if not steps:
         raise InputError(f"{model} does not fit {ranks} x {gpu} as a plain FSDP job (the memory the catalog records "
                          "for it is too small)")

@@ -14,6 +14,8 @@ from typing import Any
 from gpufleet.errors import InputError
 
 MODEL_ID = "gpufleet-burnin"
+#: the catalog id of the burn-in's MoE variant (`--experts N`): a different model, so a separate id
+MOE_MODEL_ID = "gpufleet-burnin-moe"
 #: Measurement rounds spread over a run (judgement: enough for a median to shrug off one round taken during a
 #: neighbour's burst), and the most allowed (more add little to a median and keep training waiting).
 DEFAULT_MEASURE_ROUNDS = 8
@@ -22,7 +24,13 @@ MAX_MEASURE_ROUNDS = 32
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A GPT-2-style decoder: learned positions, LayerNorm, plain GELU MLP, no biases, untied output head."""
+    """A GPT-2-style decoder: learned positions, LayerNorm, plain GELU MLP, no biases, untied output head.
+
+    With `experts` > 0 every block's MLP is a mixture of experts instead: a router (a bias-free linear to one score
+    per expert) picks the `top_k` best experts of each token, their softmax over those k weighs the outputs, and each
+    expert is a plain GELU MLP of width `ffn_hidden`; dropless (no capacity limit), no load-balancing loss, no shared
+    expert. Every rank holds and computes every expert on its own tokens (no expert parallelism: FSDP2 shards the
+    experts' weights like any other, `Layout(ep=1)`)."""
 
     layers: int = 2
     hidden: int = 128
@@ -30,22 +38,59 @@ class ModelShape:
     ffn_hidden: int = 512
     vocab: int = 512
     seq_len: int = 64
+    experts: int = 0  # 0: a dense MLP in every block
+    top_k: int = 2  # experts per token (with experts > 0)
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+        for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be a whole number >= 1, got {value!r}")
+        if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
+            raise InputError(f"experts must be a whole number >= 0, got {self.experts!r}")
         if self.hidden % self.heads:
             raise InputError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.experts and self.top_k > self.experts:
+            raise InputError(f"top_k ({self.top_k}) must not exceed experts ({self.experts})")
 
-    def model_record(self, model_id: str = MODEL_ID) -> dict[str, Any]:
-        """This model as a catalog `models:` entry (ModelSpec fields)."""
-        return {"id": model_id, "name": f"gpufleet burn-in GPT ({self.layers}x{self.hidden})", "layers": self.layers,
-                "hidden": self.hidden, "heads": self.heads, "kv_heads": self.heads, "ffn_hidden": self.ffn_hidden,
-                "gated_mlp": False, "vocab": self.vocab, "tied_embeddings": False, "linear_bias": False,
-                "norm": "layernorm", "learned_positions": self.seq_len,
-                "source": "gpufleet.runtime.burnin.model.BurninGPT (the burn-in job's own model)"}
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def model_id(self) -> str:
+        return MOE_MODEL_ID if self.moe else MODEL_ID
+
+    def block_params(self) -> int:
+        """Parameters of one block: attention (QKV, out), two LayerNorm weights, and the MLP (dense: up and down;
+        MoE: the router and every expert's up and down)."""
+        mlp = (self.hidden * self.experts + self.experts * 2 * self.hidden * self.ffn_hidden if self.moe
+               else 2 * self.hidden * self.ffn_hidden)
+        return 4 * self.hidden * self.hidden + 2 * self.hidden + mlp
+
+    def params(self) -> int:
+        """Parameters of the whole model: embeddings and positions, blocks, final norm, output head."""
+        return (self.vocab + self.seq_len) * self.hidden + self.layers * self.block_params() + self.hidden \
+            + self.vocab * self.hidden
+
+    def model_record(self, model_id: str | None = None) -> dict[str, Any]:
+        """This model as a catalog `models:` entry (ModelSpec fields; a MoE model with its `moe:` block)."""
+        kind = f"MoE GPT ({self.layers}x{self.hidden}, {self.experts} experts, top-{self.top_k})" if self.moe \
+            else f"GPT ({self.layers}x{self.hidden})"
+        record: dict[str, Any] = {
+            "id": model_id or self.model_id, "name": f"gpufleet burn-in {kind}", "layers": self.layers,
+            "hidden": self.hidden, "heads": self.heads, "kv_heads": self.heads,
+            "ffn_hidden": None if self.moe else self.ffn_hidden, "gated_mlp": False, "vocab": self.vocab,
+            "tied_embeddings": False, "linear_bias": False, "norm": "layernorm", "learned_positions": self.seq_len,
+            "source": "gpufleet.runtime.burnin.model.BurninGPT (the burn-in job's own model)"}
+        if self.moe:
+            record["moe"] = {"experts": self.experts, "top_k": self.top_k, "shared_experts": 0,
+                             "expert_ffn_hidden": self.ffn_hidden, "dense_layers": 0,
+                             "router": {"score_function": "softmax", "load_balancing": "none",
+                                        "capacity_factor": None,
+                                        "source": "gpufleet.runtime.burnin.model.MoEMLP: softmax over the top-k "
+                                                  "router scores, dropless, no auxiliary loss"}}
+        return record
 
 
 @dataclass(frozen=True)

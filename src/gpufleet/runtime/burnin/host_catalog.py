@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.runtime.burnin.config import MODEL_ID, ModelShape
+from gpufleet.runtime.burnin.config import ModelShape
 
 HOST_GPU_ID = "this-host"
 HOST_NODE_ID = "this-host-node"
@@ -154,7 +154,7 @@ def host_records(measured: HostMeasurement, shape: ModelShape) -> dict[str, list
         calibration["optimizer_s_per_param"] = measured.optimizer_s_per_param
     calibration["collectives"] = fsdp_collectives(measured)
     return {"gpus": [gpu], "nodes": [node], "networks": [network], "calibrations": [calibration],
-            "models": [shape.model_record(MODEL_ID)]}
+            "models": [shape.model_record()]}
 
 
 def fsdp_collectives(measured: HostMeasurement) -> list[dict[str, Any]]:

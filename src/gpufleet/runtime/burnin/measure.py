@@ -111,11 +111,18 @@ def measure_steps(first: int, last: int, rounds: int) -> tuple[int, ...]:
 def model_gemm_shapes(config: BurninConfig) -> list[tuple[int, int, int, int]]:
     """(m, n, k, count per step) of every GEMM one rank runs in a step: each forward GEMM (QKV, attention out, MLP
     up and down per block; the output head once) and its two backward GEMMs (input gradient m x k x n, weight
-    gradient n x k x m... as (n, k, m))."""
+    gradient n x k x m... as (n, k, m)). A MoE block's MLP is each expert's up and down over the tokens routed to it,
+    taken as balanced (tokens x top_k / experts, rounded up: what the planner assumes) and counted once per expert;
+    its router (tokens x experts x hidden) is left out, as the planner prices it apart from the shape curve."""
     s = config.shape
     tokens = config.micro_batch * s.seq_len
-    forward = [(tokens, 3 * s.hidden, s.hidden, s.layers), (tokens, s.hidden, s.hidden, s.layers),
-               (tokens, s.ffn_hidden, s.hidden, s.layers), (tokens, s.hidden, s.ffn_hidden, s.layers),
+    if s.moe:
+        routed = -(-tokens * s.top_k // s.experts)
+        mlp = [(routed, s.ffn_hidden, s.hidden, s.layers * s.experts),
+               (routed, s.hidden, s.ffn_hidden, s.layers * s.experts)]
+    else:
+        mlp = [(tokens, s.ffn_hidden, s.hidden, s.layers), (tokens, s.hidden, s.ffn_hidden, s.layers)]
+    forward = [(tokens, 3 * s.hidden, s.hidden, s.layers), (tokens, s.hidden, s.hidden, s.layers), *mlp,
                (tokens, s.vocab, s.hidden, 1)]
     return [shape for m, n, k, count in forward for shape in ((m, n, k, count), (m, k, n, count), (n, k, m, count))]
 
@@ -148,11 +155,14 @@ def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, timer: T
     """The bandwidth with which gpufleet's compute model reproduces the time of one block's element-wise kernels,
     forward and backward: the model charges 12 passes over the hidden width (norms, residual adds) and 2 over the
     MLP width (activation) forward, in bf16, and twice that backward; measured here are the kernels the block
-    runs for them (two LayerNorms, GELU, two residual adds), forward and backward through autograd."""
+    runs for them (two LayerNorms, GELU, two residual adds), forward and backward through autograd. In a MoE block
+    the activation runs over every routed copy of a token (top_k of them): an MLP width of top_k x ffn_hidden, as
+    the compute model counts it."""
     s = config.shape
     tokens = config.micro_batch * s.seq_len
+    width = s.top_k * s.ffn_hidden if s.moe else s.ffn_hidden
     x = torch.randn(tokens, s.hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
-    wide = torch.randn(tokens, s.ffn_hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
+    wide = torch.randn(tokens, width, dtype=torch.bfloat16, device=device, requires_grad=True)
     weight = torch.ones(s.hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
 
     def run() -> None:
@@ -160,14 +170,13 @@ def elementwise_bytes_per_s(config: BurninConfig, device: torch.device, timer: T
         second = F.layer_norm(first, (s.hidden,), weight) + first
         (second.sum() + F.gelu(wide).sum()).backward()
 
-    forward_bytes = 2 * tokens * (12 * s.hidden + 2 * s.ffn_hidden)
+    forward_bytes = 2 * tokens * (12 * s.hidden + 2 * width)
     return 3 * forward_bytes / timer.mean_s(run)
 
 
 def block_parameters(config: BurninConfig, world: int) -> int:
     """Parameters of one block, padded to a multiple of the `world` ranks (as the collectives move them)."""
-    s = config.shape
-    return math.ceil((4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn_hidden + 2 * s.hidden) / world) * world
+    return math.ceil(config.shape.block_params() / world) * world
 
 
 def collective_busbw(config: BurninConfig, device: torch.device, timer: Timer) -> tuple[float, float]:
@@ -270,10 +279,7 @@ def disk_bytes_per_s(folder: Path, size_bytes: int) -> tuple[float, float]:
 
 def checkpoint_bytes(config: BurninConfig) -> int:
     """One checkpoint of the burn-in model: fp32 weights and Adam's two fp32 moments."""
-    s = config.shape
-    params = (s.vocab + s.seq_len) * s.hidden + s.layers * (4 * s.hidden**2 + 2 * s.hidden * s.ffn_hidden
-                                                            + 2 * s.hidden) + s.hidden + s.vocab * s.hidden
-    return 12 * params
+    return 12 * config.shape.params()
 
 
 def _cpu_name() -> str:

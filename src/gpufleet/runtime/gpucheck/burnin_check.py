@@ -5,8 +5,9 @@
 * burnin-kill-resume: the same run with checkpoints, its worker SIGKILLed after a checkpoint, restarted by torchrun;
   every loss it logged, before and after the kill, must equal loop-dense's loss at that step to the last bit (the
   measurement rounds change no loss, docs/burnin.md);
-* loop-moe: the same loop for a MoE model. The burn-in trains a dense GPT only, so this is skipped until it trains
-  one.
+* loop-moe: the same loop for the burn-in's MoE model (`--experts`, `--top-k`: every block's MLP a top-k routed mixture
+  of experts, every expert computed on every rank: no expert parallelism), priced by the planner as the catalog
+  model `gpufleet-burnin-moe` with its `moe:` block on the same host catalog.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ GPU_RUN = BurninRun(ModelShape(layers=4, hidden=2048, heads=16, ffn_hidden=8192,
                     micro_batch=4, steps=40, rounds=8, clock="wall", kill_steps=12)
 DRY_RUN = BurninRun(ModelShape(layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=1024, seq_len=128),
                     micro_batch=2, steps=16, rounds=4, clock="cpu", kill_steps=9)
+#: the MoE loop: 8 experts, top-2, each expert as wide as the model (on the GPU: about a thousand tokens per expert
+#: per micro-batch, GEMMs of width 2048); fewer steps than the dense loop, as its step timeout is shorter
+GPU_MOE_RUN = BurninRun(ModelShape(layers=4, hidden=2048, heads=16, ffn_hidden=2048, vocab=16384, seq_len=1024,
+                                   experts=8, top_k=2), micro_batch=4, steps=24, rounds=4, clock="wall", kill_steps=0)
+DRY_MOE_RUN = BurninRun(ModelShape(layers=2, hidden=256, heads=4, ffn_hidden=512, vocab=1024, seq_len=128,
+                                   experts=4, top_k=2), micro_batch=2, steps=16, rounds=4, clock="cpu", kill_steps=0)
 #: plan/burn-in inside this band passes on the GPU (20 % either way, as the CI loop test holds for 2 gloo ranks); the
 #: dry path reports the ratio without holding it (one busy CPU rank, fewer steps and rounds than that test's)
 RATIO_BAND = (1 / 1.2, 1.2)
@@ -66,25 +73,45 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 
 def loop_dense_step(ctx: Context) -> Outcome:
-    run, work = _run(ctx), ctx.work("loop-dense")
+    outcome = _loop(ctx, "loop-dense", _run(ctx))
+    ctx.artifacts["reference_log"] = ctx.work("loop-dense") / "log.jsonl"
+    return outcome
+
+
+def loop_moe_step(ctx: Context) -> Outcome:
+    return _loop(ctx, "loop-moe", DRY_MOE_RUN if ctx.dry else GPU_MOE_RUN)
+
+
+def _loop(ctx: Context, name: str, run: BurninRun) -> Outcome:
+    """`burnin --measure-host --json` on one rank: the plan's step and its interval for the run's layout beside the
+    measured step; passes when the loss fell and (on the GPU) plan/measured is within RATIO_BAND."""
+    work = ctx.work(name)
     args = proc.torchrun(1, "burnin", "--steps", str(run.steps), "--checkpoint-every", str(run.steps),
                          "--checkpoint-dir", str(work / "ckpt"), "--log-file", str(work / "log.jsonl"), *run.flags(),
                          *_backend(ctx), "--measure-host", str(work / "host.yaml"), "--measure-rounds",
                          str(run.rounds), "--measure-clock", run.clock, "--json")
     done = proc.run(args, work, ctx.env, ctx.left_s(), "burnin")
     report = proc.json_document(done.stdout)
-    ctx.artifacts["reference_log"] = work / "log.jsonl"
     loop = report["host"]["loop"]
     log = read_log(work / "log.jsonl")
     ratio = float(loop["ratio"])
+    interval = loop.get("interval") or {}
+    band = [interval["low"], interval["high"]] if "low" in interval and "high" in interval else None
     numbers = {"ranks": report["world_size"], "steps": run.steps, "clock": loop["clock"],
-               "predicted_step_s": loop["predicted_step_s"], "predicted_interval_s": None,
+               "model": "moe" if run.shape.moe else "dense",
+               "predicted_step_s": loop["predicted_step_s"], "predicted_interval_s": band,
                "measured_step_s": loop["measured_step_s"], "ratio_plan_over_measured": ratio,
                "first_loss": log[0]["loss"], "final_loss": log[-1]["loss"],
                "parts_ms": {name: round(seconds * 1e3, 3) for name, seconds in loop["parts_s"].items() if seconds},
                "host_catalog": str(work / "host.yaml")}
-    summary = (f"plan {loop['predicted_step_s'] * 1e3:.1f} ms, measured {loop['measured_step_s'] * 1e3:.1f} ms "
-               f"({loop['clock']} clock): plan/measured {ratio:.3f}; the plan gives no interval yet")
+    if run.shape.moe:
+        numbers.update({"experts": run.shape.experts, "top_k": run.shape.top_k})
+    inside_interval = band is not None and band[0] <= loop["measured_step_s"] <= band[1]
+    numbers["inside_interval"] = inside_interval
+    interval_text = (f" ({band[0] * 1e3:.1f}–{band[1] * 1e3:.1f} ms, measured "
+                     f"{'inside' if inside_interval else 'outside'})" if band else " (no interval)")
+    summary = (f"plan {loop['predicted_step_s'] * 1e3:.1f} ms{interval_text}, measured "
+               f"{loop['measured_step_s'] * 1e3:.1f} ms ({loop['clock']} clock): plan/measured {ratio:.3f}")
     if not log[-1]["loss"] < log[0]["loss"] - 0.5:
         return Outcome("fail", f"the loss did not fall ({log[0]['loss']:.3f} -> {log[-1]['loss']:.3f}); {summary}",
                        numbers)
@@ -150,6 +177,3 @@ def compare_losses(lines: list[dict[str, Any]], killed_at: int, reference_log: P
                    f"{against}", numbers)
 
 
-def loop_moe_step(ctx: Context) -> Outcome:
-    return Outcome("skipped", "the burn-in trains a dense GPT only: no MoE model to run beside the plan yet "
-                   "(bench-host's seconds per kernel feed the plan's MoE host term below)")
