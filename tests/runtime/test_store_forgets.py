@@ -61,17 +61,21 @@ def wait_for_first_object(server: S3, url: str, step: int, timeout_s: float = 60
     raise AssertionError(f"no object of step {step} reached the store in {timeout_s} s")
 
 
-def kill_moto(server: S3, *, forget: bool) -> None:
+def kill_moto(server: S3, *, forget: bool) -> list[str]:
     """Stop the server; with `forget`, it comes back without the objects it held (the bucket itself is re-created
-    before it answers again), as a store restored from an old snapshot would."""
+    before it answers again), as a store restored from an old snapshot would. Returns the keys the store held once
+    stopped (no write can land after that): what it forgot."""
     server.moto.stop()
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    held = sorted(s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[BUCKET].keys.keys())
     if forget:
-        from moto.core import DEFAULT_ACCOUNT_ID
         from moto.moto_api._internal.models import moto_api_backend
-        from moto.s3.models import s3_backends
 
         moto_api_backend.reset()
         s3_backends[DEFAULT_ACCOUNT_ID]["aws"].create_bucket(BUCKET, "us-east-1")
+    return held
 
 
 def store_steps(server: S3, url: str) -> tuple[list[int], list[int]]:
@@ -90,7 +94,12 @@ def test_a_store_restarted_empty_mid_upload_never_lists_a_partial_step_complete(
                                 transfer=policy)
     manager.save(expected_state(7), 7, blocking=True)
     acknowledged = wait_for_first_object(server, url, 7)
-    kill_moto(server, forget=True)
+    forgotten = kill_moto(server, forget=True)
+    if any(key.endswith(f"{step_dirname(7)}/manifest.json") for key in forgotten):
+        # the last small files landed between the poll and the stop (a busy machine): the step was complete and
+        # acknowledged before the store lost it, which no uploader can see; the case this test is about did not
+        # happen, so there is nothing to judge
+        pytest.skip("the upload completed before the server stopped; the cut came too late on this machine")
     time.sleep(0.5)  # the uploader meets a refused connection meanwhile
     server.restart_moto()
     assert objects(server, url, 7) == []  # what the store had acknowledged is gone
