@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from bisect import insort
 from collections import Counter
@@ -433,8 +434,28 @@ class _Screened:
     fits: list[_Fit] = field(default_factory=list)
     tried: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-    misses: list[ClosestMiss] = field(default_factory=list)
+    #: the CLOSEST_MISSES nearest misses so far as (-over bytes, -order found, layout): a max-heap whose top is the
+    #: farthest of them (of equal bytes, the latest found), what a nearer miss replaces
+    nearest: list[tuple[float, int, Layout]] = field(default_factory=list)
     full_only: list[Layout] = field(default_factory=list)  # fit only with full recompute
+
+
+#: SearchResult.closest_misses holds this many of the misses nearest to fitting.
+CLOSEST_MISSES = 5
+
+
+def _note_miss(nearest: list[tuple[float, int, Layout]], layout: Layout, over_bytes: float, order: int) -> None:
+    """Keep `layout` among the CLOSEST_MISSES nearest misses (_Screened.nearest) when it is nearer than the farthest
+    of them; `order` (increasing) breaks ties as a stable sort of every miss by its bytes would."""
+    if len(nearest) < CLOSEST_MISSES:
+        heapq.heappush(nearest, (-over_bytes, -order, layout))
+    elif (-over_bytes, -order) > nearest[0][:2]:
+        heapq.heapreplace(nearest, (-over_bytes, -order, layout))
+
+
+def _closest_misses(nearest: list[tuple[float, int, Layout]]) -> list[ClosestMiss]:
+    """_Screened.nearest, nearest first."""
+    return [ClosestMiss(layout, -negative_bytes) for negative_bytes, _, layout in sorted(nearest, reverse=True)]
 
 
 def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
@@ -476,7 +497,7 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
         else:
             screened.reasons[outcome.reason] += 1
             if outcome.reason == "memory":
-                screened.misses.append(ClosestMiss(layout, outcome.over_bytes))
+                _note_miss(screened.nearest, layout, outcome.over_bytes, screened.tried)
                 if try_cheaper and layout.recompute == "none":
                     unfit_without_recompute.add(_twin_key(layout))
         if progress is not None and screened.tried % 256 == 0:
@@ -543,5 +564,5 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         ranking = _rank_fits(estimator, screened.fits, None if keep is None else max(keep, CHEAPER_VARIANT_RANKS))
         tried = screened.tried + _add_cheaper_variants(estimator, ranking, screened.full_only, screened.reasons,
                                                        space.activation_offload)
-    screened.misses.sort(key=lambda miss: miss.over_bytes)
-    return SearchResult(ranking.ranked(keep), tried, screened.reasons, screened.misses[:5], fit_count=ranking.fit)
+    return SearchResult(ranking.ranked(keep), tried, screened.reasons, _closest_misses(screened.nearest),
+                        fit_count=ranking.fit)
