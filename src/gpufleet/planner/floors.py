@@ -33,7 +33,7 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import DEFAULT_ORDER, Layout, expert_parallel_degrees, micro_batches_per_step
 from gpufleet.perf.compute import LayerCompute, layer_compute, logits_compute_s
-from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.perf.step import StepOptions, pipeline_seconds
 from gpufleet.workload.job import Job
 
 #: A floor is computed with other roundings than the step it bounds: a layout is ruled out only when its floor is
@@ -81,8 +81,9 @@ class StepFloor:
                            recompute=layout.recompute,
                            expert_tp=etp if self.job.model.moe is not None else None)
         job = replace(self.job, global_batch=dp * layout.micro_batch * micro_batches)
-        step = estimate_step(job, one_stage, self.cluster, self.calibration, self.options)
-        return step.pipeline_s / micro_batches, step.parts["overhead"].exposed_s
+        # the step's "overhead" part is StepOptions.step_overhead_s
+        return (pipeline_seconds(job, one_stage, self.cluster, self.calibration, self.options) / micro_batches,
+                self.options.step_overhead_s)
 
 
 class ComputeFloor:
