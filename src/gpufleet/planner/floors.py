@@ -32,8 +32,9 @@ from dataclasses import replace
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import DEFAULT_ORDER, Layout, expert_parallel_degrees, micro_batches_per_step
-from gpufleet.perf.compute import LayerCompute, layer_compute, logits_compute_s
+from gpufleet.perf.compute import LayerCompute, logits_compute_s
 from gpufleet.perf.step import StepOptions, pipeline_seconds
+from gpufleet.perf.step_context import shared_layer_compute
 from gpufleet.workload.job import Job
 
 #: A floor is computed with other roundings than the step it bounds: a layout is ruled out only when its floor is
@@ -125,8 +126,8 @@ class ComputeFloor:
         fused = self.options.fused_elementwise
 
         def layer(moe: bool) -> LayerCompute:
-            return layer_compute(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
-                                 precision=job.precision, moe_layer=moe, fused_elementwise=fused)
+            return shared_layer_compute(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
+                                        precision=job.precision, moe_layer=moe, fused_elementwise=fused)
 
         logits_s, _ = logits_compute_s(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
                                        precision=job.precision, loss_bytes_per_logit=self.options.loss_bytes_per_logit)
