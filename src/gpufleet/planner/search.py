@@ -458,6 +458,29 @@ def _closest_misses(nearest: list[tuple[float, int, Layout]]) -> list[ClosestMis
     return [ClosestMiss(layout, -negative_bytes) for negative_bytes, _, layout in sorted(nearest, reverse=True)]
 
 
+def _file(screened: _Screened, layout: Layout, stage: int, parts: MemoryParts, capacity: _Capacity,
+          unfit_without_recompute: set[tuple[object, ...]] | None) -> None:
+    """Record a valid layout's memory verdict (_capacity_verdict's, without building an Infeasible per miss) in
+    `screened`; with `unfit_without_recompute` (cheaper variants wanted), also note the layouts that fit only with
+    full recompute."""
+    total = memory_parts_total(parts)
+    if total > capacity.hbm_bytes:
+        screened.reasons["memory"] += 1
+        nearest = screened.nearest
+        over_bytes = total - capacity.hbm_bytes
+        if len(nearest) < CLOSEST_MISSES or over_bytes < -nearest[0][0]:  # else _note_miss would not keep it
+            _note_miss(nearest, layout, over_bytes, screened.tried)
+        if unfit_without_recompute is not None and layout.recompute == "none":
+            unfit_without_recompute.add(_twin_key(layout))
+    elif parts[6] * capacity.gpus_per_node > capacity.host_bytes:  # host_memory_fits of the host bytes
+        screened.reasons["host memory"] += 1
+    else:
+        screened.fits.append(_Fit(layout, stage, parts))
+        if (unfit_without_recompute is not None and layout.recompute == "full"
+                and _twin_key(layout) in unfit_without_recompute):
+            screened.full_only.append(layout)
+
+
 def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
             progress: Callable[[int], None] | None) -> _Screened:
     """Validate every layout and check its memory (the counts of a search are exact: every layout is checked).
@@ -471,6 +494,7 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
     shared = memory.by_degrees(Layout(), degrees_key(Layout()))
     unknown = "?"  # the plain layouts of these degrees are not validated yet
     plain_constraint: str | None = unknown
+    peak_parts = memory.peak_parts_by_degrees
     for layout in layouts:
         screened.tried += 1
         key = degrees_key(layout)
@@ -484,22 +508,11 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
             constraint = plain_constraint
         else:
             constraint = _validation_error(job, layout, cluster)
-        outcome: _Fit | Infeasible
         if constraint is not None:
-            outcome = Infeasible(f"invalid: {constraint}")
+            screened.reasons[f"invalid: {constraint}"] += 1
         else:
-            stage, parts = memory.peak_parts_by_degrees(shared, layout)
-            outcome = _capacity_verdict(layout, stage, parts, capacity)
-        if isinstance(outcome, _Fit):
-            screened.fits.append(outcome)
-            if try_cheaper and layout.recompute == "full" and _twin_key(layout) in unfit_without_recompute:
-                screened.full_only.append(layout)
-        else:
-            screened.reasons[outcome.reason] += 1
-            if outcome.reason == "memory":
-                _note_miss(screened.nearest, layout, outcome.over_bytes, screened.tried)
-                if try_cheaper and layout.recompute == "none":
-                    unfit_without_recompute.add(_twin_key(layout))
+            stage, parts = peak_parts(shared, layout)
+            _file(screened, layout, stage, parts, capacity, unfit_without_recompute if try_cheaper else None)
         if progress is not None and screened.tried % 256 == 0:
             progress(screened.tried)
     return screened
