@@ -131,6 +131,29 @@ def _expert_tps(space: SearchSpace, fixed: dict[str, Any], moe: bool, tp: int, e
     return list(dict.fromkeys(e for e in space.expert_tps if e is None or (tp % e == 0 and e != tp)))
 
 
+#: Layout's fields in order; enumerate_layouts sets the first ten and expert_tp, the rest keep their defaults.
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+_ENUMERATED = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
+_DEFAULTS_MIDDLE = tuple(getattr(Layout(), name) for name in _LAYOUT_FIELDS[len(_ENUMERATED):-3])
+_DEFAULTS_END = tuple(getattr(Layout(), name) for name in _LAYOUT_FIELDS[-2:])
+#: Each field's slot setter. A frozen dataclass's __init__ sets every field through object.__setattr__ (~4 µs for a
+#: Layout; a large MoE search builds ~100k): setting the slots directly builds the same object (equal, same hash)
+#: in a third of the time. Only while Layout has no __post_init__ and its fields are in the order assumed here.
+_SLOT_SETTERS = tuple(getattr(Layout, name).__set__ for name in _LAYOUT_FIELDS)
+_FAST_LAYOUTS = (not hasattr(Layout, "__post_init__") and _LAYOUT_FIELDS[:len(_ENUMERATED)] == _ENUMERATED
+                 and _LAYOUT_FIELDS[-3] == "expert_tp")
+
+
+def _new_layout(values: tuple[Any, ...]) -> Layout:
+    """Layout(*values), every field given in _LAYOUT_FIELDS' order."""
+    if not _FAST_LAYOUTS:
+        return Layout(*values)
+    layout = object.__new__(Layout)
+    for setter, value in zip(_SLOT_SETTERS, values, strict=True):
+        setter(layout, value)
+    return layout
+
+
 def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = None,
                       fixed: dict[str, Any] | None = None) -> Iterator[Layout]:
     """Every combination of degrees the space allows; `fixed` pins fields (e.g. from a published run)."""
@@ -180,9 +203,8 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                     continue
                                 for recompute in recomputes:
                                     for sp in sps:
-                                        yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
-                                                     sequence_parallel=sp, sharding=sharding,
-                                                     micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
+                                        yield _new_layout((tp, pp, dp, cp, ep, vpp, sp, sharding, mb, recompute,
+                                                           *_DEFAULTS_MIDDLE, expert_tp, *_DEFAULTS_END))
 
 
 def host_ram_usable_fraction() -> float:
