@@ -385,8 +385,16 @@ def _cheaper_variants(estimator: _Estimator, full: Layout, offload: bool = True)
     return found
 
 
+#: A layout's field values in _LAYOUT_FIELDS' order (a tuple built in C), and where recompute's two fields sit.
+_field_values = attrgetter(*_LAYOUT_FIELDS)
+_RECOMPUTE_AT, _RECOMPUTE_LAYERS_AT = _LAYOUT_FIELDS.index("recompute"), _LAYOUT_FIELDS.index("recompute_layers")
+
+
 def _without_recompute(layout: Layout) -> Layout:
-    return layout.with_(recompute="none", recompute_layers=None)
+    """layout.with_(recompute="none", recompute_layers=None), built as _new_layout builds layouts."""
+    values = list(_field_values(layout))
+    values[_RECOMPUTE_AT], values[_RECOMPUTE_LAYERS_AT] = "none", None
+    return _new_layout(tuple(values))
 
 
 #: Every field of a layout but its recompute choice: equal for a layout and its `_without_recompute` twin (a tuple
