@@ -580,9 +580,11 @@ def _collector_paused() -> Iterator[None]:
     finally:
         # the block's survivors join the oldest generation untraversed (freeze, then unfreeze, moves every tracked
         # object there and zeroes the youngest's count): re-enabled, the collector would first traverse all of them
-        # as young objects (~0.2 s after a large MoE search), to find no cycle; a full collection still sees them
-        gc.freeze()
-        gc.unfreeze()
+        # as young objects (~0.2 s after a large MoE search), to find no cycle; a full collection still sees them.
+        # Not where the caller keeps objects frozen itself: unfreeze would release those too.
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if enabled:
             gc.enable()
 
