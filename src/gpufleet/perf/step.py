@@ -24,23 +24,26 @@ from gpufleet.perf.compute import ACTIVATION_BYTES, CROSS_ENTROPY_BYTES_PER_LOGI
 from gpufleet.perf.dp_scaling import straggler_s
 from gpufleet.perf.fsdp_overheads import fsdp2_copy_s
 from gpufleet.perf.layer_comm import (
+    ExpertParallelComm,
+    LayerComm,
+    TensorParallelComm,
     context_parallel_comm,
     expected_destinations,
     expert_parallel_comm,
     tensor_parallel_comm,
 )
-from gpufleet.perf.moe_host import moe_host_launch
+from gpufleet.perf.moe_host import MoeHost, moe_host_launch
 from gpufleet.perf.offload import activation_offload
 from gpufleet.perf.overlap_contention import COLLECTIVE_PARTS, contention_s
 from gpufleet.perf.parts import Part, comm_parts, compute_parts, step_parts
-from gpufleet.perf.pipeline import device_layer_times, nic_share, pipeline_schedule
-from gpufleet.perf.step_context import StepContext, layer_computes
+from gpufleet.perf.pipeline import PipelineSchedule, device_layer_times, nic_share, pipeline_schedule
+from gpufleet.perf.step_context import Layers, StepContext, layer_computes
 from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
 
-__all__ = ["Part", "StepEstimate", "StepOptions", "estimate_step", "expected_destinations", "run_time_s",
-           "stage_parameters"]
+__all__ = ["Part", "StepEstimate", "StepOptions", "estimate_step", "expected_destinations", "pipeline_seconds",
+           "run_time_s", "stage_parameters"]
 
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
 #: bf16 weight write (2).
@@ -266,6 +269,46 @@ def _add_contention(ctx: StepContext, parts: dict[str, Part]) -> float:
     return contention
 
 
+@dataclass(frozen=True, slots=True)
+class _Pipeline:
+    """A step's layers, their per-layer communication, host launches and offload, and the pipeline they make."""
+
+    layers: Layers
+    tp: TensorParallelComm
+    cp: LayerComm
+    ep: ExpertParallelComm
+    host: MoeHost
+    offload: LayerComm
+    logits_s: float
+    logits_flops: float
+    schedule: PipelineSchedule
+
+
+def _pipeline(ctx: StepContext) -> _Pipeline:
+    """Each layer's compute, its per-layer communication (TP, CP, EP), the MoE host launches and the activation
+    offload per micro-batch; then the pipeline's stages, p2p sends and bubble."""
+    job, layout, cluster = ctx.job, ctx.layout, ctx.cluster
+    layers = layer_computes(ctx)
+    tp = tensor_parallel_comm(ctx, layers)
+    cp = context_parallel_comm(ctx, layers)
+    ep = expert_parallel_comm(ctx, layers)
+    device = device_layer_times(ctx, layers, tp, cp, ep)
+    host = moe_host_launch(ctx, device.moe_s)
+    offload = activation_offload(ctx, layers)
+    logits_s, logits_flops = logits_compute_s(job.model, layout, cluster.gpu, ctx.calibration, seq_len=job.seq_len,
+                                              precision=job.precision,
+                                              loss_bytes_per_logit=ctx.options.loss_bytes_per_logit)
+    schedule = pipeline_schedule(ctx, layers, device, host, offload, logits_s, nic_share(ctx, cp, ep))
+    return _Pipeline(layers, tp, cp, ep, host, offload, logits_s, logits_flops, schedule)
+
+
+def pipeline_seconds(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
+                     options: StepOptions) -> float:
+    """`estimate_step(...).pipeline_s` (the same arithmetic) without the rest of the step: what planner/floors.py
+    needs of a step, thousands of times per search."""
+    return _pipeline(StepContext.of(job, layout, cluster, calibration, options)).schedule.pipeline_s
+
+
 def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: CalibrationProfile,
                   options: StepOptions | None = None) -> StepEstimate:
     """Estimate one optimizer step of `job` with `layout` on `cluster` (layout assumed valid).
@@ -274,21 +317,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
     make a layer's time; the layers, the p2p sends and the bubble make the pipeline; the data-parallel
     synchronisation that backward cannot hide, the optimizer and a fixed overhead complete the step."""
     ctx = StepContext.of(job, layout, cluster, calibration, options or StepOptions())
-    layers = layer_computes(ctx)
-
-    # --- per layer and micro-batch: communication, host launches, activation offload ----------
-    tp = tensor_parallel_comm(ctx, layers)
-    cp = context_parallel_comm(ctx, layers)
-    ep = expert_parallel_comm(ctx, layers)
-    device = device_layer_times(ctx, layers, tp, cp, ep)
-    host = moe_host_launch(ctx, device.moe_s)
-    offload = activation_offload(ctx, layers)
-    logits_s, logits_flops = logits_compute_s(job.model, layout, cluster.gpu, calibration, seq_len=job.seq_len,
-                                              precision=job.precision,
-                                              loss_bytes_per_logit=ctx.options.loss_bytes_per_logit)
-
-    # --- the pipeline: stages, p2p, bubble ------------------------------------------------------
-    schedule = pipeline_schedule(ctx, layers, device, host, offload, logits_s, nic_share(ctx, cp, ep))
+    # --- per layer and micro-batch, then the pipeline: stages, p2p, bubble (_pipeline) ----------
+    piped = _pipeline(ctx)
+    layers, tp, cp, ep, host, offload = piped.layers, piped.tp, piped.cp, piped.ep, piped.host, piped.offload
+    logits_flops, schedule = piped.logits_flops, piped.schedule
+    logits_s = piped.logits_s
 
     # --- once per step: data-parallel synchronisation, optimizer, overhead ----------------------
     worst = schedule.worst_stage

@@ -32,8 +32,9 @@ from dataclasses import replace
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import DEFAULT_ORDER, Layout, expert_parallel_degrees, micro_batches_per_step
-from gpufleet.perf.compute import LayerCompute, layer_compute, logits_compute_s
-from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.perf.compute import LayerCompute, logits_compute_s
+from gpufleet.perf.step import StepOptions, pipeline_seconds
+from gpufleet.perf.step_context import shared_layer_compute
 from gpufleet.workload.job import Job
 
 #: A floor is computed with other roundings than the step it bounds: a layout is ruled out only when its floor is
@@ -81,8 +82,9 @@ class StepFloor:
                            recompute=layout.recompute,
                            expert_tp=etp if self.job.model.moe is not None else None)
         job = replace(self.job, global_batch=dp * layout.micro_batch * micro_batches)
-        step = estimate_step(job, one_stage, self.cluster, self.calibration, self.options)
-        return step.pipeline_s / micro_batches, step.parts["overhead"].exposed_s
+        # the step's "overhead" part is StepOptions.step_overhead_s
+        return (pipeline_seconds(job, one_stage, self.cluster, self.calibration, self.options) / micro_batches,
+                self.options.step_overhead_s)
 
 
 class ComputeFloor:
@@ -124,8 +126,8 @@ class ComputeFloor:
         fused = self.options.fused_elementwise
 
         def layer(moe: bool) -> LayerCompute:
-            return layer_compute(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
-                                 precision=job.precision, moe_layer=moe, fused_elementwise=fused)
+            return shared_layer_compute(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
+                                        precision=job.precision, moe_layer=moe, fused_elementwise=fused)
 
         logits_s, _ = logits_compute_s(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
                                        precision=job.precision, loss_bytes_per_logit=self.options.loss_bytes_per_logit)

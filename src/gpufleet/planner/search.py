@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from bisect import insort
 from collections import Counter
@@ -130,6 +131,29 @@ def _expert_tps(space: SearchSpace, fixed: dict[str, Any], moe: bool, tp: int, e
     return list(dict.fromkeys(e for e in space.expert_tps if e is None or (tp % e == 0 and e != tp)))
 
 
+#: Layout's fields in order; enumerate_layouts sets the first ten and expert_tp, the rest keep their defaults.
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+_ENUMERATED = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "sharding", "micro_batch", "recompute")
+_DEFAULTS_MIDDLE = tuple(getattr(Layout(), name) for name in _LAYOUT_FIELDS[len(_ENUMERATED):-3])
+_DEFAULTS_END = tuple(getattr(Layout(), name) for name in _LAYOUT_FIELDS[-2:])
+#: Each field's slot setter. A frozen dataclass's __init__ sets every field through object.__setattr__ (~4 µs for a
+#: Layout; a large MoE search builds ~100k): setting the slots directly builds the same object (equal, same hash)
+#: in a third of the time. Only while Layout has no __post_init__ and its fields are in the order assumed here.
+_SLOT_SETTERS = tuple(getattr(Layout, name).__set__ for name in _LAYOUT_FIELDS)
+_FAST_LAYOUTS = (not hasattr(Layout, "__post_init__") and _LAYOUT_FIELDS[:len(_ENUMERATED)] == _ENUMERATED
+                 and _LAYOUT_FIELDS[-3] == "expert_tp")
+
+
+def _new_layout(values: tuple[Any, ...]) -> Layout:
+    """Layout(*values), every field given in _LAYOUT_FIELDS' order."""
+    if not _FAST_LAYOUTS:
+        return Layout(*values)
+    layout = object.__new__(Layout)
+    for setter, value in zip(_SLOT_SETTERS, values, strict=True):
+        setter(layout, value)
+    return layout
+
+
 def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = None,
                       fixed: dict[str, Any] | None = None) -> Iterator[Layout]:
     """Every combination of degrees the space allows; `fixed` pins fields (e.g. from a published run)."""
@@ -179,9 +203,8 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                     continue
                                 for recompute in recomputes:
                                     for sp in sps:
-                                        yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp,
-                                                     sequence_parallel=sp, sharding=sharding,
-                                                     micro_batch=mb, recompute=recompute, expert_tp=expert_tp)
+                                        yield _new_layout((tp, pp, dp, cp, ep, vpp, sp, sharding, mb, recompute,
+                                                           *_DEFAULTS_MIDDLE, expert_tp, *_DEFAULTS_END))
 
 
 def host_ram_usable_fraction() -> float:
@@ -362,8 +385,16 @@ def _cheaper_variants(estimator: _Estimator, full: Layout, offload: bool = True)
     return found
 
 
+#: A layout's field values in _LAYOUT_FIELDS' order (a tuple built in C), and where recompute's two fields sit.
+_field_values = attrgetter(*_LAYOUT_FIELDS)
+_RECOMPUTE_AT, _RECOMPUTE_LAYERS_AT = _LAYOUT_FIELDS.index("recompute"), _LAYOUT_FIELDS.index("recompute_layers")
+
+
 def _without_recompute(layout: Layout) -> Layout:
-    return layout.with_(recompute="none", recompute_layers=None)
+    """layout.with_(recompute="none", recompute_layers=None), built as _new_layout builds layouts."""
+    values = list(_field_values(layout))
+    values[_RECOMPUTE_AT], values[_RECOMPUTE_LAYERS_AT] = "none", None
+    return _new_layout(tuple(values))
 
 
 #: Every field of a layout but its recompute choice: equal for a layout and its `_without_recompute` twin (a tuple
@@ -433,8 +464,51 @@ class _Screened:
     fits: list[_Fit] = field(default_factory=list)
     tried: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-    misses: list[ClosestMiss] = field(default_factory=list)
+    #: the CLOSEST_MISSES nearest misses so far as (-over bytes, -order found, layout): a max-heap whose top is the
+    #: farthest of them (of equal bytes, the latest found), what a nearer miss replaces
+    nearest: list[tuple[float, int, Layout]] = field(default_factory=list)
     full_only: list[Layout] = field(default_factory=list)  # fit only with full recompute
+
+
+#: SearchResult.closest_misses holds this many of the misses nearest to fitting.
+CLOSEST_MISSES = 5
+
+
+def _note_miss(nearest: list[tuple[float, int, Layout]], layout: Layout, over_bytes: float, order: int) -> None:
+    """Keep `layout` among the CLOSEST_MISSES nearest misses (_Screened.nearest) when it is nearer than the farthest
+    of them; `order` (increasing) breaks ties as a stable sort of every miss by its bytes would."""
+    if len(nearest) < CLOSEST_MISSES:
+        heapq.heappush(nearest, (-over_bytes, -order, layout))
+    elif (-over_bytes, -order) > nearest[0][:2]:
+        heapq.heapreplace(nearest, (-over_bytes, -order, layout))
+
+
+def _closest_misses(nearest: list[tuple[float, int, Layout]]) -> list[ClosestMiss]:
+    """_Screened.nearest, nearest first."""
+    return [ClosestMiss(layout, -negative_bytes) for negative_bytes, _, layout in sorted(nearest, reverse=True)]
+
+
+def _file(screened: _Screened, layout: Layout, stage: int, parts: MemoryParts, capacity: _Capacity,
+          unfit_without_recompute: set[tuple[object, ...]] | None) -> None:
+    """Record a valid layout's memory verdict (_capacity_verdict's, without building an Infeasible per miss) in
+    `screened`; with `unfit_without_recompute` (cheaper variants wanted), also note the layouts that fit only with
+    full recompute."""
+    total = memory_parts_total(parts)
+    if total > capacity.hbm_bytes:
+        screened.reasons["memory"] += 1
+        nearest = screened.nearest
+        over_bytes = total - capacity.hbm_bytes
+        if len(nearest) < CLOSEST_MISSES or over_bytes < -nearest[0][0]:  # else _note_miss would not keep it
+            _note_miss(nearest, layout, over_bytes, screened.tried)
+        if unfit_without_recompute is not None and layout.recompute == "none":
+            unfit_without_recompute.add(_twin_key(layout))
+    elif parts[6] * capacity.gpus_per_node > capacity.host_bytes:  # host_memory_fits of the host bytes
+        screened.reasons["host memory"] += 1
+    else:
+        screened.fits.append(_Fit(layout, stage, parts))
+        if (unfit_without_recompute is not None and layout.recompute == "full"
+                and _twin_key(layout) in unfit_without_recompute):
+            screened.full_only.append(layout)
 
 
 def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
@@ -450,6 +524,7 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
     shared = memory.by_degrees(Layout(), degrees_key(Layout()))
     unknown = "?"  # the plain layouts of these degrees are not validated yet
     plain_constraint: str | None = unknown
+    peak_parts = memory.peak_parts_by_degrees
     for layout in layouts:
         screened.tried += 1
         key = degrees_key(layout)
@@ -463,22 +538,11 @@ def _screen(estimator: _Estimator, layouts: Iterator[Layout], try_cheaper: bool,
             constraint = plain_constraint
         else:
             constraint = _validation_error(job, layout, cluster)
-        outcome: _Fit | Infeasible
         if constraint is not None:
-            outcome = Infeasible(f"invalid: {constraint}")
+            screened.reasons[f"invalid: {constraint}"] += 1
         else:
-            stage, parts = memory.peak_parts_by_degrees(shared, layout)
-            outcome = _capacity_verdict(layout, stage, parts, capacity)
-        if isinstance(outcome, _Fit):
-            screened.fits.append(outcome)
-            if try_cheaper and layout.recompute == "full" and _twin_key(layout) in unfit_without_recompute:
-                screened.full_only.append(layout)
-        else:
-            screened.reasons[outcome.reason] += 1
-            if outcome.reason == "memory":
-                screened.misses.append(ClosestMiss(layout, outcome.over_bytes))
-                if try_cheaper and layout.recompute == "none":
-                    unfit_without_recompute.add(_twin_key(layout))
+            stage, parts = peak_parts(shared, layout)
+            _file(screened, layout, stage, parts, capacity, unfit_without_recompute if try_cheaper else None)
         if progress is not None and screened.tried % 256 == 0:
             progress(screened.tried)
     return screened
@@ -514,6 +578,13 @@ def _collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        # the block's survivors join the oldest generation untraversed (freeze, then unfreeze, moves every tracked
+        # object there and zeroes the youngest's count): re-enabled, the collector would first traverse all of them
+        # as young objects (~0.2 s after a large MoE search), to find no cycle; a full collection still sees them.
+        # Not where the caller keeps objects frozen itself: unfreeze would release those too.
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if enabled:
             gc.enable()
 
@@ -543,5 +614,5 @@ def search(job: Job, cluster: Cluster, calibration: CalibrationProfile, *, space
         ranking = _rank_fits(estimator, screened.fits, None if keep is None else max(keep, CHEAPER_VARIANT_RANKS))
         tried = screened.tried + _add_cheaper_variants(estimator, ranking, screened.full_only, screened.reasons,
                                                        space.activation_offload)
-    screened.misses.sort(key=lambda miss: miss.over_bytes)
-    return SearchResult(ranking.ranked(keep), tried, screened.reasons, screened.misses[:5], fit_count=ranking.fit)
+    return SearchResult(ranking.ranked(keep), tried, screened.reasons, _closest_misses(screened.nearest),
+                        fit_count=ranking.fit)
