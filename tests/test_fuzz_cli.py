@@ -482,6 +482,7 @@ def test_every_subcommand_is_fuzzed_from_a_baseline() -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # an inf or NaN reaching numpy is a hole in input checking
 def test_fuzzed_invocations_end_cleanly_in_process(fuzz_root: tuple[Path, dict[str, str]],
                                                     monkeypatch: pytest.MonkeyPatch,
                                                     record_property: Any) -> None:

@@ -61,6 +61,20 @@ def test_an_integer_past_4300_digits_in_a_catalog_is_one_line(tmp_path: Path) ->
     assert "gpus.yaml line" in line and "5,000 digits" in line
 
 
+@pytest.mark.parametrize("value", [".inf", ".nan", "1.0e+308"])
+def test_an_infinite_or_overflowing_link_rate_in_a_catalog_is_one_line(tmp_path: Path, value: str) -> None:
+    # found by the fuzz test: an NVLink rate of inf (or 1e308 GB/s, inf once in bytes/s) reached the flow solver as
+    # NaN; the catalog now refuses non-finite numbers and bounds the rate
+    record = h100_record()
+    path = tmp_path / "gpus.yaml"
+    rate = record["scale_up"]["gbytes_per_s_per_direction"]
+    text = catalog_text(record).replace(f"gbytes_per_s_per_direction: {rate}", f"gbytes_per_s_per_direction: {value}")
+    assert value in text
+    path.write_text(text, encoding="utf-8")
+    line = one_error_line(run_gpufleet("fabric", "simulate", "--gpus", "16", "--size", "1MiB", "--catalog", str(path)))
+    assert "gbytes_per_s_per_direction" in line, line
+
+
 def test_an_integer_past_4300_digits_as_a_gpu_count_is_one_line(tmp_path: Path) -> None:
     args = tmp_path / "megatron_args.txt"
     args.write_text("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 1 --micro-batch-size 1 "

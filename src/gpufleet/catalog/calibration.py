@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from gpufleet.catalog.records import Record
+from gpufleet.catalog.records import RECORD_CONFIG, Record
 
 AttentionKernel = Literal["flash", "cudnn", "flash-v1", "materialized"]
 #: The collectives a measurement can name (fabric.collectives.Op; the catalog does not import the model half).
@@ -25,7 +25,7 @@ class MeasuredCollective(BaseModel):
     `ranks_per_node` of them on each node, at bus bandwidth `busbw_gbytes_per_s` (GB/s = 1e9 B/s, nccl-tests'
     definition, latency included). A group on one node measures the scale-up tier; one across nodes the network."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     op: CollectiveOp
     size_bytes: float = Field(gt=0)

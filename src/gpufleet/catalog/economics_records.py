@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from gpufleet.catalog.records import Record
+from gpufleet.catalog.records import RECORD_CONFIG, Record
 
 Pricing = Literal[
     "on-demand", "spot", "reserved-1y", "reserved-3y", "committed", "capacity-block", "flex-start",
@@ -24,7 +24,7 @@ Pricing = Literal[
 class OfferCapacity(BaseModel):
     """The largest cluster a provider sells under one offer at its listed price, and what happens above it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     max_gpus: int = Field(ge=1, description="the most GPUs one customer gets at this price, in one cluster")
     beyond: Literal["ask", "none"] = Field(

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
-from gpufleet.catalog.records import Record
+from gpufleet.catalog.records import RECORD_CONFIG, Record
 
 FittedField = Literal["in_training_fraction", "cudnn_attention_fraction", "gemm_sustained_fraction",
                       "host_s_per_kernel"]
@@ -23,7 +23,7 @@ FittedField = Literal["in_training_fraction", "cudnn_attention_fraction", "gemm_
 class FitSelector(BaseModel):
     """Which runs a fit is fitted on, among those on its GPUs (explicit run fields only; unset: any)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
     attention_kernel: AttentionKernel | None = None  # the kernel the run's stack and calibration give it
     moe: bool | None = None  # the run's model has experts
 

@@ -8,15 +8,15 @@ at `level`, or its parent's where the regime is sparse), the date and the comman
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from gpufleet.catalog.records import Record
+from gpufleet.catalog.records import RECORD_CONFIG, Record
 
 
 class RecordedResidual(BaseModel):
     """One run's out-of-sample error: predicted with the fits refitted without its source family."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
     id: str
     family: str  # the run's source family (its stack's `family`, else the stack id): the fold it was left out in
     regime: str
@@ -26,7 +26,7 @@ class RecordedResidual(BaseModel):
 class RecordedBand(BaseModel):
     """One regime's band: |log(predicted / measured)| ≤ `quantile_log` holds for `level` of its runs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
     quantile_log: float = Field(ge=0)
     runs: int = Field(ge=0)  # the regime's own residuals
     widened: bool  # sparse (fewer than `min_runs`): the parent's band, widened to the regime's own quantile

@@ -22,9 +22,9 @@ from contextvars import ContextVar
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from gpufleet.catalog.records import Record
+from gpufleet.catalog.records import RECORD_CONFIG, Record
 from gpufleet.errors import CatalogError, describe_validation_error
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class Judgements(BaseModel):
     """The judgement constants and constant fits the model uses, by name (the record id with '_' for '-'),
     each checked for range; `sources` keeps each one's reason."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     # step model (perf/)
     router_gemm_fraction: float = Field(gt=0, le=1)

@@ -13,12 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+#: Every catalog record: frozen, unknown keys refused, and no infinite or NaN number (YAML's `.inf` reads as a float).
+RECORD_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Record(BaseModel):
     """Base of every catalog record: frozen, unknown keys rejected, a source required."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     source: str = Field(min_length=3)
@@ -28,7 +30,7 @@ class Record(BaseModel):
 class DenseTflops(BaseModel):
     """Dense (not 2:4-sparse) peak tensor throughput per precision, TFLOP/s; null = unsupported/unknown."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     fp32: float | None = Field(default=None, gt=0)
     tf32: float | None = Field(default=None, gt=0)
@@ -41,10 +43,11 @@ class DenseTflops(BaseModel):
 class ScaleUp(BaseModel):
     """The GPU's scale-up (NVLink / Infinity Fabric) link as the collective model sees it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     kind: Literal["switched", "mesh", "pcie"]
-    gbytes_per_s_per_direction: float = Field(gt=0, description="per GPU, one direction, line rate")
+    gbytes_per_s_per_direction: float = Field(
+        gt=0, lt=1e6, description="per GPU, one direction, line rate (below 1 PB/s: a bound against typos, judgement)")
     domain_gpus: int = Field(ge=1, description="GPUs reachable over scale-up links")
     links: int | None = Field(default=None, ge=1, description="links per GPU (mesh: one per peer)")
     achievable_fraction: float = Field(
@@ -136,7 +139,7 @@ class NetworkSpec(Record):
 class RouterSpec(BaseModel):
     """How the MoE router picks and weighs experts and balances their load, as the model was trained."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     score_function: Literal["softmax", "sigmoid"] = "softmax"
     topk_scaling: float | None = Field(default=None, gt=0, description="factor on the routed output")
@@ -153,7 +156,7 @@ class RouterSpec(BaseModel):
 class MoESpec(BaseModel):
     """Mixture-of-experts block: routed experts, top-k, shared experts, leading dense layers."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     experts: int = Field(ge=1)
     top_k: int = Field(ge=1)
@@ -172,7 +175,7 @@ class MoESpec(BaseModel):
 class MLASpec(BaseModel):
     """DeepSeek multi-head latent attention: low-rank q and kv projections."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     q_lora_rank: int = Field(ge=1)
     kv_lora_rank: int = Field(ge=1)
@@ -184,7 +187,7 @@ class MLASpec(BaseModel):
 class FieldSources(BaseModel):
     """The source of each model value recorded outside the record's own `source` (one per value)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = RECORD_CONFIG
 
     rope_base: str | None = Field(default=None, min_length=3)
     norm_eps: str | None = Field(default=None, min_length=3)
