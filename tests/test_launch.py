@@ -231,8 +231,8 @@ def test_scheduler_targets_get_the_framework_command_and_are_found_whatever_thei
     import sys
     import types
 
-    from gpufleet.emit.launch_request import render_targets
     from gpufleet.emit import registry
+    from gpufleet.emit.launch_request import render_targets
 
     seen: list[tuple[str, ...]] = []
 
