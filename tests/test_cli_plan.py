@@ -435,7 +435,8 @@ def test_html_report(tmp_path: object) -> None:
 
 
 def test_durations_and_money_stay_readable_at_any_size() -> None:
-    from gpufleet.cli.plan import _days, _money
+    from gpufleet.cli._plan_output import _money
+    from gpufleet.units import format_long_duration as _days
 
     day = 86_400.0
     assert [_days(5 * 3600), _days(3 * day), _days(400 * day), _days(5 * 365.25 * day)] == \

@@ -231,9 +231,8 @@ def test_scheduler_targets_get_the_framework_command_and_are_found_whatever_thei
     import sys
     import types
 
-    from gpufleet.cli.launch import _render_targets
-    from gpufleet.cli.output import Output
     from gpufleet.emit import registry
+    from gpufleet.emit.launch_request import render_targets
 
     seen: list[tuple[str, ...]] = []
 
@@ -249,7 +248,7 @@ def test_scheduler_targets_get_the_framework_command_and_are_found_whatever_thei
     module.SCHEDULER = Scheduler()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(registry.TARGET_MODULES, "slurm", module.__name__)
-    by_target = _render_targets(Output(), _spec(), ["megatron", "slurm"], {"megatron", "slurm"}, tmp_path / "run")
+    by_target = render_targets(_spec(), ["megatron", "slurm"], {"megatron", "slurm"}, tmp_path / "run", print)
     assert set(by_target) == {"megatron", "slurm"}
     from gpufleet.emit.megatron import ARGS_FILE
 

@@ -38,6 +38,19 @@ def parse_count(text: str, what: str = "count") -> float:
     return _positive_finite(value, text, what)
 
 
+_DAY_S = 86400.0
+_YEAR_S = 365.25 * _DAY_S
+
+
+def format_long_duration(seconds: float) -> str:
+    """A run's length: hours under a day, days under three years, then years (a 1e30-token job reads 2e+10 y, not
+    20 digits): 5 h -> '5.0 h', 3 d -> '3.0 d', 5 years -> '5 y'."""
+    years = seconds / _YEAR_S
+    if years >= 3:
+        return f"{years:,.0f} y" if years < 1e6 else f"{years:.2g} y"
+    return f"{seconds / _DAY_S:.1f} d" if seconds >= _DAY_S else f"{seconds / 3600:.1f} h"
+
+
 def format_bytes(value: float) -> str:
     """A byte count in binary units to about three significant digits: 1 -> '1 B', 1536 -> '1.5 KiB',
     2**30 -> '1 GiB', 1023.999 KiB -> '1 MiB' (never '1024 KiB'), 2**40 -> '1 TiB'; negative ones alike."""

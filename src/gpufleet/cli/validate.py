@@ -9,9 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.cli._workload_flags import (
+    Fsdp2CopiesOption,
+    OverlapContentionOption,
+    StragglerScopeOption,
+    StragglersOption,
+)
 from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
-from gpufleet.cli.plan import Fsdp2CopiesOption, OverlapContentionOption, StragglerScopeOption, StragglersOption
 from gpufleet.planner.model_terms import parse_model_terms
 
 if TYPE_CHECKING:

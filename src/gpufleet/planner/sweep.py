@@ -10,6 +10,7 @@ from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.cloud import OfferCost
 from gpufleet.errors import InfeasibleError, NoLegalLayoutError
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
+from gpufleet.units import format_long_duration
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,35 @@ class Sweep:
     @property
     def fitting(self) -> list[SweepPoint]:
         return [point for point in self.points if point.fits]
+
+
+@dataclass(frozen=True)
+class SweepVerdict:
+    """What a sweep's answer says beyond its rows: counts priced without economics, and why it failed, if it did."""
+
+    warning: str | None = None  # step times stand, but some counts have no cost, power or goodput
+    failure: str | None = None  # no count has a plan, or none meets the deadline
+    failure_is_usage: bool = False  # no count has a legal layout: the counts to change, as for one count
+
+
+def judge_sweep(sweep: Sweep) -> SweepVerdict:
+    """The sweep's warning and failure: no count with a plan (a usage error when none has a legal layout), or a
+    deadline that no count meets (naming the fastest)."""
+    unavailable = {point.gpus: point.result.economics_error for point in sweep.points
+                   if point.result is not None and point.result.economics_error}
+    warning = (f"step times stand, but no cost, power or goodput at {', '.join(map(str, unavailable))} GPUs: "
+               f"{next(iter(unavailable.values()))}") if unavailable else None
+    if not sweep.fitting:
+        first_point = sweep.points[0]
+        return SweepVerdict(warning, f"no GPU count in the sweep has a plan; at {first_point.gpus} GPUs: "
+                            f"{first_point.reason}",
+                            all(point.verdict == "no legal layout" for point in sweep.points))
+    if sweep.deadline_s is not None and sweep.smallest_meeting_deadline is None:
+        fastest = min(sweep.fitting, key=lambda point: point.best.wall_time_s)
+        return SweepVerdict(warning, f"no GPU count in the sweep meets the deadline of "
+                            f"{format_long_duration(sweep.deadline_s)}; the fastest, {fastest.gpus} GPUs, takes "
+                            f"{format_long_duration(fastest.best.wall_time_s)}")
+    return SweepVerdict(warning)
 
 
 def plan_count(base: PlanRequest, gpus: int, catalog: Catalog) -> SweepPoint:
