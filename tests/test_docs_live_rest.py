@@ -389,3 +389,37 @@ def test_validation_page_is_what_its_script_writes(tmp_path: Path) -> None:
     expected, quoted = out.read_text(encoding="utf-8").splitlines(), doc("docs/validation.md").splitlines()
     for want, have in zip(expected, quoted, strict=True):
         assert have == want
+
+
+# ---- measured figures: timings and ratios on a shared machine say when, where and with what -------------------
+
+#: (doc, the words that open a passage of measured figures): within the passage, a date and the word "measured".
+MEASURED_PASSAGES = [
+    ("docs/memory.md", "15 µs per call"),
+    ("docs/burnin.md", "### On this repository's CI machine (what the test checks)"),
+    ("docs/burnin.md", "the plan came out at 0.77-0.98"),  # covered by the section's opening sentence
+    ("docs/burnin.md", "In wall seconds on this shared machine"),
+    ("docs/burnin.md", "gave plan/burn-in"),
+    ("docs/measure.md", "| collectives overhead |"),
+    ("docs/measure.md", "2.2–3.3 µs per op"),
+    ("docs/measure.md", "the dry path took 129 s"),
+    ("docs/monitoring.md", "one scrape of 8 fake GPUs over HTTP"),
+    ("docs/report.md", "plan 2.60 s"),
+    ("docs/launch-targets.md", "took 8.4 s"),
+    ("docs/design.md", "takes about a second"),
+    ("docs/checkpoint.md", "~0.06 and ~0.10 s for 2 GiB"),
+]
+
+
+@pytest.mark.parametrize(("name", "passage"), MEASURED_PASSAGES)
+def test_measured_figures_say_when_and_where(name: str, passage: str) -> None:
+    """A measured figure is not checked literally; the doc marks it measured, with a date, within 400 characters
+    before or 300 after it (the machine and the command are in the same sentence)."""
+    text = doc(name)
+    at = text.find(passage)
+    assert at >= 0, passage
+    if passage == "the plan came out at 0.77-0.98":
+        at = text.find("### On this repository's CI machine")
+    window = text[max(0, at - 400):at + len(passage) + 300]
+    assert re.search(r"[Mm]easured[^.]*?\b20\d\d-\d\d-\d\d\b|\b20\d\d-\d\d-\d\d\b[^.]*?measured", window, re.S), (
+        f"{name}: {passage!r} is not marked as measured with a date")
