@@ -216,6 +216,26 @@ def test_economics_capacity_table() -> None:
             assert row[2] == capacity["beyond"], (first, name)
 
 
+def test_economics_fabric_and_rack_scale_figures() -> None:
+    """The SuperPOD switch counts the fat-tree sizing reproduces (`facility --json`: switches, all tiers together)
+    and the NVL72 rack's power (`catalog show gb200-nvl72`)."""
+    text = doc("docs/economics.md")
+    for marker, gpus in (("(1,016 GPUs: ", "1016"), ("4,096 GPUs:\n  ", "4096")):
+        start = text.index(marker) + len(marker)
+        tiers = [float(n) for n in re.findall(r"\d+", re.split(r"[;)]", text[start:], maxsplit=1)[0])]
+        assert sum(tiers) == command_json("facility", "--gpus", gpus, "--node", "dgx-h100")["switches"], marker
+    rack = command_json("catalog", "show", "gb200-nvl72")
+    assert rack["rack_scale"] is True
+    assert_quotes(text, "(`rack_scale: true`: GB200 NVL72, a ", rack["max_power_w"], scale=1e-3)
+
+
+def test_report_fleet_utilization() -> None:
+    """docs/report.md's cost curve quotes the shipped fleet utilization."""
+    record = command_json("catalog", "show", "default")
+    assert_quotes(doc("docs/report.md"), "the facility defaults' fleet utilization (", record["fleet_utilization"],
+                  scale=100)
+
+
 # ---- docs/launch.md: the worked example ---------------------------------------------------------------------
 
 def test_launch_worked_example(tmp_path: Path) -> None:
@@ -296,6 +316,31 @@ def test_monitoring_fake_thermal_event() -> None:
     assert_quotes(text, "also\ndrops the SM clock to ", readings["gpufleet_gpu_sm_clock_hertz"], scale=1e-6)
     assert_quotes(text, "and heats the GPU to ", readings["gpufleet_gpu_temperature_celsius"])
     assert_quotes(text, "A rank scoring below **", DEFAULT_THRESHOLD)
+
+
+# ---- docs/checkpoint.md: the limits and defaults it quotes ---------------------------------------------------
+# (its crash-point counts are what tests/runtime/test_crashpoints.py counts: that test checks them against the page)
+
+def test_checkpoint_quoted_limits_and_defaults() -> None:
+    """The manifest limits, the store's proof rounds and retry back-off, close()'s wait and `ckpt upload
+    --deadline`'s default, as the code and `--help` give them."""
+    pytest.importorskip("torch")
+    from gpufleet.runtime.checkpoint.manager import CLOSE_UPLOAD_TIMEOUT_S
+    from gpufleet.runtime.checkpoint.manifest import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
+    from gpufleet.runtime.checkpoint.store import PROOF_ROUNDS, TransferPolicy
+
+    text = doc("docs/checkpoint.md")
+    assert_quotes(text, "`MAX_MANIFEST_BYTES` (", MAX_MANIFEST_BYTES / 2**20)
+    assert_quotes(text, "`MAX_JSON_DEPTH` (", MAX_JSON_DEPTH)
+    assert_quotes(text, "(up to `PROOF_ROUNDS`, ", PROOF_ROUNDS)
+    policy = TransferPolicy()
+    assert_quotes(text, "has passed (`retry_after_s`, ", policy.retry_after_s)
+    assert_quotes(text, "doubling up to `retry_max_s`, ", policy.retry_max_s)
+    assert_quotes(text, "for up to `close(upload_timeout_s=", CLOSE_UPLOAD_TIMEOUT_S)
+    help_text = " ".join(run_gpufleet("ckpt", "upload", "--help").stdout.split())
+    default = re.search(r"--deadline SECONDS .*?\[default: ([\d.]+)\]", help_text)
+    assert default, "ckpt upload --deadline's default"
+    assert_quotes(text, "for `--deadline` seconds (default ", float(default.group(1)))
 
 
 # ---- docs/fabric-study.md: the study script's own output ------------------------------------------------------
