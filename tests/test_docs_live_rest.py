@@ -120,6 +120,55 @@ def test_memory_prose_figures() -> None:
     assert_quotes(text, "For Llama 3 70B (tp 4 + SP) this is ", 1 - fp8 / bf16, scale=100)
 
 
+# ---- README.md: the figures tests/test_docs_live*.py left out -------------------------------------------------
+
+VTRAIN = ("validate", "--runs", str(RUNS / "vtrain_runs.yaml"), "--catalog", str(ROOT / "tests" / "data" /
+                                                                                  "vtrain_cluster.yaml"),
+          "--node", "vtrain-a100-node", "--no-dp-overlap", "--rank")
+
+
+def test_readme_vtrain_and_ranking() -> None:
+    """vTrain's 109 runs (median and worst error) and the layout ranking of its four groups (`validate --rank`):
+    Spearman, the pick's regret and the smooth reference model's ceiling, group by group."""
+    data = command_json(*VTRAIN)
+    readme = doc("README.md")
+    row = table_row(readme, "vTrain's 109 A100 runs (in no fit's set)")
+    assert_cell(row[0], data["summary"]["all"]["runs"])
+    assert_cell(row[1], data["summary"]["all"]["median_abs_error"], scale=100)
+    assert_cell(row[1].split("worst")[1], data["summary"]["all"]["worst_abs_error"], scale=100)
+    groups = data["ranking"]["groups"]
+    assert "ranking on vTrain's four groups" in readme and len(groups) == 4
+    for nth, group in enumerate(groups):
+        assert_quotes(readme, "groups has Spearman ", group["spearman"], nth=nth)
+        assert_quotes(readme, "The planner's pick comes\nwithin ", group["regret"], nth=nth, scale=100)
+        assert_quotes(readme, "to the measurements themselves, reaches ", group["smooth_model_ceiling"], nth=nth)
+    below = [group["group"] for group in groups if group["smooth_model_ceiling"] < 0.9]
+    assert len(below) == 1 and below[0].startswith("GPT 18.4B"), below  # "the 18.4B group's scatter"
+
+
+def test_readme_memory_peaks() -> None:
+    """torchtitan's seven peaks: the worst |error| of the 8B runs and of the 70B run (`memory --stack torchtitan`)."""
+    errors = {cell: torchtitan_memory(cell)[0] / measured - 1 for cell, (_, measured) in TORCHTITAN_ROWS.items()}
+    readme = doc("README.md")
+    assert_quotes(readme, "torchtitan's seven published peaks within ",
+                  max(abs(e) for cell, e in errors.items() if " 8B" in cell), scale=100)
+    assert_quotes(readme, "torchtitan's seven published peaks within 3 % for 8B and ",
+                  max(abs(e) for cell, e in errors.items() if " 70B" in cell), scale=100)
+    assert len(errors) == 7
+
+
+def test_readme_input_limits() -> None:
+    """The input limits the README states are the ones the readers enforce."""
+    from gpufleet.bounded_yaml import MAX_NESTING_LEVELS
+    from gpufleet.errors import MAX_QUOTED_CHARS
+    from gpufleet.input_files import MAX_INPUT_BYTES
+
+    readme = doc("README.md")
+    assert_quotes(readme, "regular files of at most ", MAX_INPUT_BYTES / 2**20)
+    assert_quotes(readme, "with lists and mappings nested at most ", MAX_NESTING_LEVELS)
+    assert_quotes(readme, "A value over ", MAX_QUOTED_CHARS)
+
+
 # ---- docs/runs.md -------------------------------------------------------------------------------------------
 
 def test_runs_shipped_file_counts_and_the_example() -> None:
@@ -453,6 +502,7 @@ MEASURED_PASSAGES = [
     ("docs/launch-targets.md", "took 8.4 s"),
     ("docs/design.md", "takes about a second"),
     ("docs/checkpoint.md", "~0.06 and ~0.10 s for 2 GiB"),
+    ("README.md", "H100s in 0.8–0.9 s on 2 cores"),
 ]
 
 
