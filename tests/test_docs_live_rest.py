@@ -392,6 +392,40 @@ def test_checkpoint_quoted_limits_and_defaults() -> None:
     assert_quotes(text, "for `--deadline` seconds (default ", float(default.group(1)))
 
 
+def alert_values(rule: dict[str, Any]) -> set[float]:
+    """The thresholds and durations (in seconds) a shipped alert rule holds: its `for:`, its expression's ranges,
+    products and numbers."""
+    seconds = {"s": 1, "m": 60, "h": 3600}
+    text = f"{rule['expr']} for {rule.get('for', '0s')}"
+    values = {float(n) * seconds[unit] for n, unit in re.findall(r"\b(\d+)([smh])\b", text)}
+    values |= {float(a) * float(b) for a, b in re.findall(r"(\d+)\s*\*\s*(\d+)", text)}
+    values |= {float(n) for n in re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", rule["expr"])}
+    return values
+
+
+def test_monitoring_alert_table_is_the_shipped_rules() -> None:
+    """Each "fires when" of docs/monitoring.md's alert table: its durations and thresholds are in that alert's rule
+    in the shipped alerts.yml (the straggler's score threshold is the monitor's, which sets the flag the rule reads)."""
+    import yaml
+
+    from gpufleet.runtime.monitor.straggler import DEFAULT_THRESHOLD
+
+    rules_path = ROOT / "src" / "gpufleet" / "runtime" / "monitor" / "assets" / "alerts.yml"
+    rules = {rule["alert"]: rule for group in yaml.safe_load(rules_path.read_text(encoding="utf-8"))["groups"]
+             for rule in group["rules"] if "alert" in rule}
+    text = doc("docs/monitoring.md")
+    rows = [line for line in text.splitlines() if line.startswith("| `Gpufleet")]
+    assert {re.match(r"\| `(\w+)`", row).group(1) for row in rows} == set(rules)  # type: ignore[union-attr]
+    unit_s = {"min": 60, "h": 3600}
+    for row in rows:
+        name, fires_when = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        values = alert_values(rules[name.strip("`")]) | {DEFAULT_THRESHOLD}
+        quoted = [float(n) * unit_s[unit] for n, unit in re.findall(r"(\d+) (min|h)\b", fires_when)]
+        quoted += [float(n) for n in re.findall(r"\b(0\.\d+)\b", fires_when)]
+        for value in quoted:
+            assert any(value == pytest.approx(v) for v in values), (name, value, sorted(values))
+
+
 # ---- docs/fabric-study.md: the study script's own output ------------------------------------------------------
 
 def load_script(name: str) -> ModuleType:
