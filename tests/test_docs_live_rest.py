@@ -333,6 +333,28 @@ def test_launch_seed_deepspeed_example() -> None:
         assert len(problems) == 5
 
 
+# ---- docs/launch-targets.md: rack-scale nodes as hosts --------------------------------------------------------
+
+def test_launch_targets_rack_scale_hosts(tmp_path: Path) -> None:
+    """144 GB200 GPUs: the plan's racks and the sbatch's hosts and GPUs per host; 142 GPUs refused per rack share."""
+    text = doc("docs/launch-targets.md")
+    done = run_gpufleet("launch", "-m", "llama3-70b", "-t", "1T", "-n", "144", "-g", "gb200", "--target", "slurm",
+                        "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    racks = re.search(r"on 144 GPUs \((\d+) x 72\)", done.stdout)
+    sbatch = (tmp_path / "run" / "job.sbatch").read_text(encoding="utf-8")
+    hosts = re.search(r"#SBATCH --nodes=(\d+)", sbatch)
+    per_host = re.search(r"#SBATCH --gpus-per-node=(\d+)", sbatch)
+    assert racks and hosts and per_host, done.stdout
+    assert_quotes(text, "each its own host with ", float(per_host.group(1)))
+    assert_quotes(text, "GB200 GPUs are ", float(racks.group(1)))
+    assert_quotes(text, "GB200 GPUs are 2 racks, ", float(hosts.group(1)))
+    refused = run_gpufleet("launch", "-m", "llama3-70b", "-t", "1T", "-n", "142", "-g", "gb200", "--target", "slurm",
+                           "--out", str(tmp_path / "odd"))
+    assert refused.returncode == 2 and "71 GPUs per gb200-nvl72 rack" in refused.stderr, refused.stderr
+    assert "(142 GPUs = 2 x 71) is\nrefused" in text
+
+
 # ---- docs/measure.md and docs/monitoring.md: the catalog and defaults they quote ------------------------------
 
 def test_measure_quoted_defaults() -> None:
