@@ -169,6 +169,28 @@ def test_readme_input_limits() -> None:
     assert_quotes(readme, "A value over ", MAX_QUOTED_CHARS)
 
 
+# ---- docs/plan-defaults-and-speed.md: the pipeline warning and the HBM allowance ------------------------------
+
+def test_plan_defaults_pipeline_warning_and_allowance() -> None:
+    """The quoted warning is what the quoted `plan` prints for plan #1; the allowance is the recorded fits' (fixed
+    GiB + fraction of the rest), and the 79.5 GiB example's share of it follows from them."""
+    text = doc("docs/plan-defaults-and-speed.md")
+    command = "plan -m llama3-405b -n 128 --tp 8 --pp 16 --global-batch 4 --micro-batch 1"
+    assert f"`{command}`:" in text
+    plans = command_json(*command.split())["plans"]
+    quoted = re.search(r"```\n(warning: plan #1 .*?)\n```", text, re.S)
+    assert quoted, "the quoted warning"
+    assert " ".join(quoted.group(1).split()) == f"warning: {plans[0]['warnings'][0]}"
+    fixed = command_json("catalog", "show", "memory-overhead-fixed-gib")["value"]
+    fraction = command_json("catalog", "show", "memory-overhead-fraction")["value"]
+    assert_quotes(text, "That prediction already carries a margin on top of what the memory model counts: **", fixed)
+    assert_quotes(text, "fixed** (CUDA context, cuBLAS/cuDNN workspaces, NCCL channel buffers) **plus ", fraction,
+                  scale=100)
+    rest = (79.5 - fixed) / (1 + fraction)
+    assert_quotes(text, "so a plan shown at 79.5 of 80 GiB leaves about ", fixed + fraction * rest)
+    assert_quotes(text, "to allowances, not to tensors (1.5 + 0.1 × ", rest)
+
+
 # ---- docs/runs.md -------------------------------------------------------------------------------------------
 
 def test_runs_shipped_file_counts_and_the_example() -> None:
