@@ -26,7 +26,7 @@ import pytest
 
 from clirun import run_gpufleet
 from test_docs_live import ROOT, assert_quotes, command_json, doc
-from test_docs_live_more import assert_cell, table_row
+from test_docs_live_more import SEED_JOB, assert_cell, table_row
 
 GIB = 2**30
 RUNS = ROOT / "src" / "gpufleet" / "catalog" / "runs"
@@ -497,6 +497,65 @@ def test_fabric_study_is_what_the_script_writes() -> None:
     assert len(expected) == len(quoted)
     for want, have in zip(expected, quoted, strict=True):
         assert have == want
+
+
+# ---- docs/two-sites.md: the rows only scripts/two_sites.py prints ----------------------------------------------
+
+@pytest.mark.slow
+def test_two_sites_script_rows() -> None:
+    """The best PP-across plan, the seed's own tp8 pp2 layout and DP across with bf16 gradient reduction: no `plan`
+    flag gives these (the script searches one arrangement, or prices one layout), so this re-runs those three parts
+    of scripts/two_sites.py (the whole script takes minutes; `plan --sites` covers the other rows, in
+    tests/test_docs_live_more.py) and compares the rows and the prose the page quotes from them."""
+    from dataclasses import replace
+
+    from gpufleet.catalog.registry import load_catalog
+    from gpufleet.parallel.memory import MemoryAssumptions
+    from gpufleet.perf.step import StepOptions, estimate_step
+    from gpufleet.perf.wan import pp_across_sites, with_wan
+    from gpufleet.planner.plan import build_cluster, build_job
+    from gpufleet.planner.published_runs import stack_calibration
+    from gpufleet.planner.search import Candidate, evaluate
+    from gpufleet.planner.sites import search_sites
+
+    script = load_script("two_sites")
+    catalog = load_catalog()
+    cluster, job = build_cluster(script.REQUEST, catalog), build_job(script.REQUEST, catalog)
+    calibration = stack_calibration(catalog.calibration(cluster.gpu.id), None)
+    single_s = command_json(*SEED_JOB)["plans"][0]["step_s"]
+    pp = search_sites(job, cluster, calibration, sites=2, link=script.LINK, across=("pp",)).feasible[0]
+    fitted = evaluate(job, script.SEED_LAYOUT, cluster, calibration)
+    assert isinstance(fitted, Candidate)
+    seed = replace(fitted, step=with_wan(fitted.step, pp_across_sites(fitted.step, job, script.SEED_LAYOUT, cluster,
+                                                                      script.LINK, 2),
+                                         tokens_per_step=fitted.step.tokens_per_step, gpus=cluster.gpus))
+    bf16 = StepOptions(memory=MemoryAssumptions(grad_dtype="bf16"))
+    half = search_sites(job, cluster, calibration, sites=2, link=script.LINK, options=bf16, across=("dp",)).feasible[0]
+    text = doc("docs/two-sites.md")
+    lines = text.splitlines()
+    for label, candidate in (("two sites, best PP across", pp), ("two sites, the seed's tp8 pp2 (PP across)", seed),
+                             ("two sites, DP across, gradients reduced in bf16", half)):
+        assert script.row(label, candidate, single_s) in lines, label
+    assert_quotes(text, "At 200 Gb/s, DP across beats PP across, 16.6 s against ", pp.step.step_s)
+    assert_quotes(text, "is slower still (", seed.step.step_s)
+    seed_link = seed.step.parts["comm.wan"].link
+    hop = re.search(r"\(([\d.]+) ms; (\d+) micro-batches", seed_link)
+    assert hop, seed_link
+    assert_quotes(text, "is slower still (23.7 s): ", float(hop.group(2)))
+    assert_quotes(text, "micro-batches, each waiting ", float(hop.group(1)))
+    assert_quotes(text, "and the two-site step falls to\n", half.step.step_s)
+    assert_quotes(text, "and the two-site step falls to\n", half.step.step_s / single_s, nth=1)
+    alone = estimate_step(job, pp.layout, cluster, calibration)
+    busy_s = pp_across_sites(alone, job, pp.layout, cluster, script.LINK, 2).total_s
+    assert_quotes(text, "would still be bound by the link: at least ", busy_s)
+    assert_quotes(text, "per step of link time, against ", alone.step_s)
+    assert_quotes(text, "each way per micro-batch. That takes 8 GiB /\n    25 GB/s + 5 ms = ", float(hop.group(1)))
+    # the layout a very fast link picks, priced on one site without the WAN
+    fast = search_sites(job, cluster, calibration, sites=2, link=replace(script.LINK, gbps=6400)).feasible[0]
+    assert_quotes(text, "That forces a\nlayout that is slower on its own than the one-site best (",
+                  estimate_step(job, fast.layout, cluster, calibration).step_s)
+    assert_quotes(text, "That forces a\nlayout that is slower on its own than the one-site best (7.56 s against ",
+                  single_s)
 
 
 # ---- docs/validation.md: the published runs' section, and the whole page from its script -----------------------
