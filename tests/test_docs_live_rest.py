@@ -26,7 +26,7 @@ import pytest
 
 from clirun import run_gpufleet
 from test_docs_live import ROOT, assert_quotes, command_json, doc
-from test_docs_live_more import SEED_JOB, assert_cell, table_row
+from test_docs_live_more import SEED_JOB, assert_cell, split_medians, table_row
 
 GIB = 2**30
 RUNS = ROOT / "src" / "gpufleet" / "catalog" / "runs"
@@ -468,6 +468,163 @@ def test_monitoring_alert_table_is_the_shipped_rules() -> None:
         quoted += [float(n) for n in re.findall(r"\b(0\.\d+)\b", fires_when)]
         for value in quoted:
             assert any(value == pytest.approx(v) for v in values), (name, value, sorted(values))
+
+
+# ---- docs/residuals.md: the study's configurations as `validate` flags ------------------------------------------
+
+def signed_numbers(cell: str) -> list[tuple[float, int]]:
+    """The signed figures of a cell ("+5.5 / −34.9 %", "0.2–0.8"), each with its decimals; − is a minus sign."""
+    found = re.findall(r"(?<![\d.])[+-]?\d+(?:\.\d+)?", cell.replace("−", "-").replace("–", " – ").replace("…", " "))
+    return [(float(raw), len(raw.split(".")[1]) if "." in raw else 0) for raw in found]
+
+
+def assert_signed(cell: str, values: list[float], *, scale: float = 100) -> None:
+    quoted = signed_numbers(cell)
+    assert len(quoted) >= len(values), (cell, values)
+    for (number, decimals), value in zip(quoted, values, strict=False):
+        assert number == pytest.approx(round(value * scale, decimals), abs=0.51 * 10 ** -decimals), (cell, values)
+
+
+def errors_by_id(*flags: str) -> dict[str, float]:
+    return {run["id"]: run["error"] for run in command_json("validate", *flags)["runs"] if run["error"] is not None}
+
+
+#: The FSDP2 table's first cell -> the runs it quotes, in order.
+FSDP2_ROWS = {
+    "torchtitan Llama 3.1 8B, 8 GPUs, eager / compile / fp8": (
+        "torchtitan-8b-8gpu-fsdp-eager", "torchtitan-8b-8gpu-fsdp-compile", "torchtitan-8b-8gpu-fsdp-compile-fp8"),
+    "torchtitan Llama 3.1 8B, 128 GPUs, eager / fp8": (
+        "torchtitan-8b-128gpu-fsdp-eager", "torchtitan-8b-128gpu-fsdp-compile-fp8"),
+    "torchtitan Llama 3.1 8B on H200 (Trainy), 32 / 64 GPUs": (
+        "torchtitan-trainy-8b-h200-32gpu", "torchtitan-trainy-8b-h200-64gpu"),
+    "NeMo AutoModel Llama 3 70B, 64 H100 (tp 1, 4 micro-batches)": ("automodel-h100-llama3-70b-64gpu",),
+    "NeMo AutoModel DeepSeek-V3 1,024 / 256, Qwen3-30B": (
+        "automodel-h100-deepseek-v3-1024gpu", "automodel-h100-deepseek-v3-256gpu", "automodel-h100-qwen3-30b-a3b-8gpu"),
+}
+
+#: The contention table's first cell -> the runs it quotes, in order.
+CONTENTION_ROWS = {
+    "MPT-7B, 8 / 128 / 512 GPUs": (
+        "mpt-7b-h100-8gpu-s2048-bf16", "mpt-7b-h100-128gpu-s2048-bf16", "mpt-7b-h100-512gpu-s2048-bf16"),
+    "MPT-1B, 512 GPUs (ZeRO-2)": ("mpt-1b-h100-512gpu-s2048-bf16",),
+    "torchtitan 8B, 128 GPUs, fp8": ("torchtitan-8b-128gpu-fsdp-compile-fp8",),
+    "Megatron-Core weak scaling 1.7B / 7.1B (tp 1 / 2)": ("mcore-h100-weak-1.7b", "mcore-h100-weak-7.1b"),
+    "Megatron-Core weak scaling 32B (tp 8, `--tp-comm-overlap`)": ("mcore-h100-weak-32b",),
+    "DeepSeek-V3 on 2,048 H800 (DualPipe hides the all-to-all)": ("deepseek-v3-2048xh800",),
+}
+
+
+def test_residuals_configurations_in_sample() -> None:
+    """The results table's in-sample column for the configuration before the study (`validate --no-fsdp2-copies`)
+    and with contention (`--overlap-contention measured`), vTrain's median for the configurations whose refit equals
+    the recorded fits, and the recorded values the refit reproduces."""
+    text = doc("docs/residuals.md")
+    _, _, *before = split_medians(command_json("validate", "--no-fsdp2-copies")["runs"])
+    _, _, *contend = split_medians(command_json("validate", "--overlap-contention", "measured")["runs"])
+    assert_signed(table_row(text, "before this study")[1], before)
+    assert_signed(table_row(text, "+ overlap contention (off by default)")[1], contend)
+    vtrain = command_json(*VTRAIN)["summary"]["all"]["median_abs_error"]
+    for first in ("before this study", "+ FSDP2 copies (**shipped**)"):
+        assert_signed(table_row(text, first)[4], [vtrain])
+    fits = [command_json("catalog", "show", name)["value"] for name in (
+        "in-training-fraction", "hopper-cudnn-attention-fraction", "blackwell-sustained-gemm-fraction",
+        "moe-host-seconds-per-kernel")]
+    marker = "The refitted values do not move with the FSDP2 copies: "
+    for nth, value in enumerate(fits[:3]):
+        assert_quotes(text, marker, value, nth=nth)
+    assert_quotes(text, marker, fits[3], nth=3, scale=1e6)
+    assert_quotes(text, "### What the MoE LOSO gap actually is: one fit identified by one source family\n\n"
+                  "The host term (`moe-host-seconds-per-kernel`, ", fits[3], scale=1e6)
+
+
+def test_residuals_run_tables() -> None:
+    """The FSDP2 copies' before/after table (`validate --no-fsdp2-copies` / shipped) and the contention off/on table
+    (shipped / `--overlap-contention measured`), run by run, and the MPT-7B weak-scaling ratios."""
+    text = doc("docs/residuals.md")
+    shipped, before = errors_by_id(), errors_by_id("--no-fsdp2-copies")
+    contend = errors_by_id("--overlap-contention", "measured")
+    for first, ids in FSDP2_ROWS.items():
+        row = table_row(text, first)
+        assert_signed(row[1], [before[i] for i in ids])
+        assert_signed(row[2], [shipped[i] for i in ids])
+    big = [i for i in shipped if i.startswith("torchtitan") and ("70b" in i or "405b" in i)]
+    long_cp = [i for i in big if i.endswith("cp8-256k")]
+    rest = [i for i in big if i not in long_cp]
+    row = table_row(text, "torchtitan 70B / 405B (tp 8: 1/8 of the parameters per GPU)")
+    assert_signed(row[1], [min(before[i] for i in rest), max(before[i] for i in rest), before[long_cp[0]]])
+    slower = [(shipped[i] - before[i]) for i in big]
+    assert_signed(row[2], [min(shipped[i] for i in rest), max(shipped[i] for i in rest), shipped[long_cp[0]],
+                           -max(slower), -min(slower)])
+    for first, ids in CONTENTION_ROWS.items():
+        row = table_row(text, first)
+        assert_signed(row[1], [shipped[i] for i in ids])
+        assert_signed(row[2], [contend[i] for i in ids])
+    targets = {run["id"]: run for run in command_json("validate")["runs"]}
+    mpt = CONTENTION_ROWS["MPT-7B, 8 / 128 / 512 GPUs"]
+    measured = [targets[i]["target_tokens_per_s_per_gpu"] for i in mpt]
+    assert_quotes(text, "The measured ratios are 1 → ", measured[1] / measured[0], nth=0)
+    assert_quotes(text, "The measured ratios are 1 → ", measured[2] / measured[0], nth=1)
+    for nth, errors in ((0, shipped), (2, contend)):
+        predicted = [(1 + errors[i]) * target for i, target in zip(mpt, measured, strict=True)]
+        assert_quotes(text, "the model goes from ", predicted[1] / predicted[0], nth=nth)
+        assert_quotes(text, "the model goes from ", predicted[2] / predicted[0], nth=nth + 1)
+
+
+def test_residuals_moe_fold_in_sample() -> None:
+    """The Qwen3 rows' in-sample errors in the MoE-gap table (their LOSO column is the slow test's)."""
+    text = doc("docs/residuals.md")
+    shipped = errors_by_id()
+    for run_id in ("mbridge-2511-b200-qwen3-30b-a3b-8gpu", "mbridge-2602-b200-qwen3-30b-a3b-8gpu",
+                   "mbridge-2602-h100-qwen3-30b-a3b-16gpu", "mbridge-2511-b200-qwen3-235b-a22b-64gpu"):
+        assert_signed(table_row(text, run_id)[1], [shipped[run_id]])
+
+
+@pytest.mark.slow
+def test_residuals_moe_fold_out_of_sample() -> None:
+    """`validate --cross-validate` (about 30 s of CPU): the Qwen3 rows left out with Megatron-Bridge, and what that
+    fold refits the host cost, cuDNN attention and Blackwell's GEMM fraction to."""
+    import math
+
+    text = doc("docs/residuals.md")
+    folds = command_json("validate", "--cross-validate")["cross_validated"]
+    left_out = {r["id"]: math.expm1(r["log_error"]) for r in folds["residuals"]}
+    for run_id in ("mbridge-2511-b200-qwen3-30b-a3b-8gpu", "mbridge-2602-b200-qwen3-30b-a3b-8gpu",
+                   "mbridge-2602-h100-qwen3-30b-a3b-16gpu", "mbridge-2511-b200-qwen3-235b-a22b-64gpu"):
+        assert_signed(table_row(text, run_id)[2], [left_out[run_id]])
+    fitted = folds["by_source"]["megatron-bridge"]["fitted"]
+    assert_quotes(text, "so the fit drops to **", fitted["moe-host-seconds-per-kernel"], scale=1e6)
+    assert_quotes(text, "The same fold moves cuDNN attention to ", fitted["hopper-cudnn-attention-fraction"])
+    assert_quotes(text, "and Blackwell to ", fitted["blackwell-sustained-gemm-fraction"])
+
+
+# ---- docs/dp-scaling.md: the series table (per-GPU throughput relative to the smallest dp) ----------------------
+
+#: The series table's first cell -> its runs, smallest dp first.
+DP_SERIES = {
+    "MPT-7B, H100, FSDP": ("mpt-7b-h100-8gpu-s2048-bf16", "mpt-7b-h100-128gpu-s2048-bf16",
+                           "mpt-7b-h100-512gpu-s2048-bf16"),
+    "MPT-70B, H100, FSDP": ("mpt-70b-h100-128gpu-s2048-bf16", "mpt-70b-h100-512gpu-s2048-bf16"),
+    "torchtitan Llama 3.1 8B, eager": ("torchtitan-8b-8gpu-fsdp-eager", "torchtitan-8b-128gpu-fsdp-eager"),
+    "torchtitan Llama 3.1 8B, fp8": ("torchtitan-8b-8gpu-fsdp-compile-fp8", "torchtitan-8b-128gpu-fsdp-compile-fp8"),
+    "torchtitan Llama 3.1 8B, H200 (Trainy)": ("torchtitan-trainy-8b-h200-32gpu", "torchtitan-trainy-8b-h200-64gpu"),
+    "MT-NLG 530B, tp8 pp35": ("mtnlg-530b-2240", "mtnlg-530b-2800", "mtnlg-530b-3360"),
+    "Llama 3.1 405B, tp8 pp16": ("llama3-405b-8192xh100-8k", "llama3-405b-16384xh100-8k"),
+}
+
+
+@pytest.mark.parametrize("series", list(DP_SERIES))
+def test_dp_scaling_series(series: str) -> None:
+    """Measured, off (shipped) and on ("job", `validate --stragglers 0.015`) ratios of each series' per-GPU tokens/s to
+    its smallest dp's."""
+    row = table_row(doc("docs/dp-scaling.md"), series)
+    ids = DP_SERIES[series]
+    for cell, flags, key in ((row[3], (), "target_tokens_per_s_per_gpu"),
+                             (row[4], (), "predicted_tokens_per_s_per_gpu"),
+                             (row[5], ("--stragglers", "0.015", "--straggler-scope", "job"),
+                              "predicted_tokens_per_s_per_gpu")):
+        runs = {run["id"]: run for run in command_json("validate", *flags)["runs"]}
+        values = [runs[i][key] / runs[ids[0]][key] for i in ids]
+        assert_signed(cell.replace("*", ""), values, scale=1)
 
 
 # ---- docs/fabric-study.md: the study script's own output ------------------------------------------------------
