@@ -394,6 +394,34 @@ def test_measure_quoted_defaults() -> None:
     assert_quotes(text, "below `--outlier-fraction` (default ", 0.8)
 
 
+def test_measure_gpu_check_settings() -> None:
+    """scripts/gpu-check's step timeouts (results.json's `timeout_s`) and its nvml-vs-nvidia-smi tolerances."""
+    pytest.importorskip("prometheus_client")
+    from gpufleet.runtime.gpucheck.exporter_check import MIB, READINGS
+    from gpufleet.runtime.gpucheck.runner import STEPS
+
+    text = doc("docs/measure.md")
+    timeouts = {step.name: step.timeout_s for step in STEPS}
+    marker = "The step timeouts (loop-dense "
+    for nth, name in enumerate(("loop-dense", "burnin-kill-resume", "loop-moe")):
+        assert_quotes(text, marker, timeouts[name], nth=nth)
+    assert_quotes(text, marker + "90 s, burnin-kill-resume 75 s, loop-moe 70 s) were\nset to keep the sum at ",
+                  sum(timeouts.values()))
+    readings = {reading.metric: reading for reading in READINGS}
+    units = {"°C": 1.0, "W": 1.0, "MiB": MIB, "MHz": 1e6, "points": 0.01}
+    rows = [cells for cells in ([cell.strip() for cell in line.strip().strip("|").split("|")]
+                                for line in text.splitlines() if line.startswith("| "))
+            if len(cells) == 4 and cells[1].strip("`") in readings]
+    assert len(rows) == len(READINGS)
+    for cells in rows:
+        reading = readings[cells[1].strip("`")]
+        absolute = re.match(r"([\d.]+) (°C|W|MiB|MHz|points)", cells[3])
+        assert absolute, cells
+        assert float(absolute.group(1)) * units[absolute.group(2)] == pytest.approx(reading.absolute), cells
+        relative = re.search(r"or ([\d.]+) %", cells[3])
+        assert (float(relative.group(1)) / 100 if relative else 0.0) == pytest.approx(reading.relative), cells
+
+
 def test_monitoring_fake_thermal_event() -> None:
     """`exporter --fake-gpus 8 --fake-event 2:hw_thermal --once`: GPU 2's SM clock and temperature as quoted."""
     pytest.importorskip("prometheus_client")
@@ -570,13 +598,19 @@ def test_residuals_run_tables() -> None:
         assert_quotes(text, "the model goes from ", predicted[2] / predicted[0], nth=nth + 1)
 
 
+#: The dropless Qwen3-30B rows the MoE-gap paragraph follows (Megatron-Bridge 25.11 and 26.02, micro-batch 1).
+DROPLESS_QWEN30 = ("mbridge-2511-b200-qwen3-30b-a3b-8gpu", "mbridge-2602-b200-qwen3-30b-a3b-8gpu",
+                   "mbridge-2602-h100-qwen3-30b-a3b-16gpu")
+
+
 def test_residuals_moe_fold_in_sample() -> None:
     """The Qwen3 rows' in-sample errors in the MoE-gap table (their LOSO column is the slow test's)."""
     text = doc("docs/residuals.md")
     shipped = errors_by_id()
-    for run_id in ("mbridge-2511-b200-qwen3-30b-a3b-8gpu", "mbridge-2602-b200-qwen3-30b-a3b-8gpu",
-                   "mbridge-2602-h100-qwen3-30b-a3b-16gpu", "mbridge-2511-b200-qwen3-235b-a22b-64gpu"):
+    for run_id in (*DROPLESS_QWEN30, "mbridge-2511-b200-qwen3-235b-a22b-64gpu"):
         assert_signed(table_row(text, run_id)[1], [shipped[run_id]])
+    qwen30 = [shipped[run_id] for run_id in DROPLESS_QWEN30]
+    assert_signed(text.split("The Qwen3-30B rows then go from ", 1)[1][:12], [min(qwen30), max(qwen30)])
 
 
 @pytest.mark.slow
@@ -591,10 +625,116 @@ def test_residuals_moe_fold_out_of_sample() -> None:
     for run_id in ("mbridge-2511-b200-qwen3-30b-a3b-8gpu", "mbridge-2602-b200-qwen3-30b-a3b-8gpu",
                    "mbridge-2602-h100-qwen3-30b-a3b-16gpu", "mbridge-2511-b200-qwen3-235b-a22b-64gpu"):
         assert_signed(table_row(text, run_id)[2], [left_out[run_id]])
+    qwen30 = [left_out[run_id] for run_id in DROPLESS_QWEN30]
+    assert_signed(text.split("in-sample to **", 1)[1][:16], [min(qwen30), max(qwen30)])
     fitted = folds["by_source"]["megatron-bridge"]["fitted"]
     assert_quotes(text, "so the fit drops to **", fitted["moe-host-seconds-per-kernel"], scale=1e6)
     assert_quotes(text, "The same fold moves cuDNN attention to ", fitted["hopper-cudnn-attention-fraction"])
     assert_quotes(text, "and Blackwell to ", fitted["blackwell-sustained-gemm-fraction"])
+
+
+# ---- docs/residuals.md: the study's refits and leave-one-source-out, from its committed output -------------------
+# scripts/residuals_study.py takes about 1.5 min of CPU (three configurations, each refitted and cross-validated):
+# its full output is committed as docs/data/residuals_study.txt (and --frozen-host's as
+# residuals_study_frozen_host.txt); the page is checked against those here, they are checked against `validate` for
+# what `validate` can say, and a slow test re-runs the study's --quick part against the committed lines.
+
+STUDY = ROOT / "docs" / "data" / "residuals_study.txt"
+FROZEN = ROOT / "docs" / "data" / "residuals_study_frozen_host.txt"
+STUDY_LINE = re.compile(r"^(?P<name>\w+)\s+(?P<what>in-sample, recorded fits|in-sample, refitted|"
+                        r"leave-one-source-out|vTrain)(?: \((?P<values>[^)]*)\))?[^:]*: all\s+(?P<all>[\d.]+)%"
+                        r".*?(?:dense\s+(?P<dense>[\d.]+)%.*?MoE\s+(?P<moe>[\d.]+)%.*)?$", re.M)
+
+
+def study_figures() -> dict[tuple[str, str], re.Match[str]]:
+    return {(m["name"], m["what"]): m for m in STUDY_LINE.finditer(STUDY.read_text(encoding="utf-8"))}
+
+
+def three(match: re.Match[str]) -> list[float]:
+    return [float(match[key]) / 100 for key in ("all", "dense", "moe")]
+
+
+def test_residuals_study_output_is_todays_in_sample() -> None:
+    """The committed study output's recorded-fit lines are what `validate` gives today for each configuration."""
+    figures = study_figures()
+    for name, flags in (("before", ("--no-fsdp2-copies",)), ("fsdp2", ()),
+                        ("contend", ("--overlap-contention", "measured"))):
+        _, _, *medians = split_medians(command_json("validate", *flags)["runs"])
+        assert three(figures[(name, "in-sample, recorded fits")]) == pytest.approx(medians, abs=0.0005), name
+
+
+def test_residuals_table_from_the_study() -> None:
+    """The results table's refitted, LOSO and vTrain columns and the prose and summary rows built on them."""
+    text = doc("docs/residuals.md")
+    figures = study_figures()
+    for first, name in (("before this study", "before"), ("+ FSDP2 copies (**shipped**)", "fsdp2"),
+                        ("+ overlap contention (off by default)", "contend")):
+        row = table_row(text, first)
+        assert_signed(row[2], three(figures[(name, "in-sample, refitted")]))
+        assert_signed(row[3].replace("*", ""), three(figures[(name, "leave-one-source-out")]))
+        assert_signed(row[4], [float(figures[(name, "vTrain")]["all"]) / 100])
+    refit = dict(item.rsplit(" ", 1) for item in figures[("contend", "in-sample, refitted")]["values"].split(", "))
+    marker = "With contention\non, the refit moves `in_training_fraction` to "
+    assert_quotes(text, marker, float(refit["in-training-fraction"]))
+    assert_quotes(text, marker, float(refit["hopper-cudnn-attention-fraction"]), nth=1)
+    assert_quotes(text, marker, float(refit["moe-host-seconds-per-kernel"]), nth=2, scale=1e6)
+    loso = {name: three(figures[(name, "leave-one-source-out")]) for name in ("before", "fsdp2", "contend")}
+    vtrain = {name: float(figures[(name, "vTrain")]["all"]) / 100 for name in ("before", "fsdp2", "contend")}
+    assert_signed(text.split("vTrain's\n109 out-of-sample runs improve from ", 1)[1][:12],
+                  [vtrain["fsdp2"], vtrain["contend"]])
+    verdict = text.split("**Verdict: off by default**, because LOSO gets worse overall (", 1)[1][:120]
+    assert_signed(verdict, [loso["fsdp2"][0], loso["contend"][0], loso["fsdp2"][2], loso["contend"][2],
+                            loso["contend"][1]])
+    assert_signed(text.split("the term improves LOSO overall (", 1)[1][:40], [loso["before"][0], loso["fsdp2"][0],
+                                                                             loso["before"][1], loso["fsdp2"][1]])
+    summary = table_row(text, "compute slowed under hidden collectives")[2]
+    assert_signed(summary.split("LOSO ", 1)[1], [loso["fsdp2"][0], loso["contend"][0], loso["fsdp2"][2],
+                                                 loso["contend"][2], vtrain["fsdp2"], vtrain["contend"]])
+    summary = table_row(text, "FSDP2 copy-out / copy-in on the compute stream")[2]
+    assert_signed(summary.split("LOSO ", 1)[1], [loso["before"][0], loso["fsdp2"][0], loso["before"][1],
+                                                 loso["fsdp2"][1]])
+
+
+def test_residuals_frozen_host_diagnostic() -> None:
+    """--frozen-host: the MoE LOSO median, the Qwen3-30B rows' range and the worst run, as the page quotes them."""
+    import statistics
+
+    rows = re.findall(r"^\s+(\S+)\s+(\S+)\s+leave-one-source-out\s+([-+][\d.]+)%", FROZEN.read_text(encoding="utf-8"),
+                      re.M)
+    errors = {run_id: float(value) / 100 for run_id, _, value in rows}
+    text = doc("docs/residuals.md")
+    median = statistics.median(abs(e) for e in errors.values())
+    assert_quotes(text, "The MoE LOSO median then falls from **21.6 % to ", median, scale=100)
+    assert_quotes(text, "brings MoE LOSO from 21.6 %\nto ", median, scale=100)
+    assert_quotes(text, "frozen at a sourced 15 µs, MoE LOSO 21.6 → ", median, scale=100)
+    qwen30 = [errors[run_id] for run_id in DROPLESS_QWEN30]
+    assert_signed(text.split("The Qwen3-30B rows move to\n", 1)[1][:20], [min(qwen30), max(qwen30)])
+    *_, moe = split_medians(command_json("validate")["runs"])
+    assert_quotes(text, "The MoE LOSO median then falls from **21.6 % to 15.6 %**, about the in-sample ", moe,
+                  scale=100)
+    worst = min(errors, key=errors.__getitem__)
+    assert_quotes(text, "and no run is worse than −", -errors[worst], scale=100)
+    assert worst.startswith("mbridge-2509") and "deepseek-v3" in worst  # "(DeepSeek-V3 in 25.09)"
+
+
+@pytest.mark.slow
+def test_residuals_study_quick_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/residuals_study.py --quick (the recorded-fit half, about 20 s of CPU) prints the committed lines: the
+    in-sample figures of each configuration and every run that changes between them."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the study imports its sibling dp_scaling_study
+    script = load_script("residuals_study")
+    argv = sys.argv
+    sys.argv = ["residuals_study.py", "--quick"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            script.main()
+    finally:
+        sys.argv = argv
+    committed = STUDY.read_text(encoding="utf-8").splitlines()
+    quick = [line for line in out.getvalue().splitlines() if "vTrain" not in line]
+    for line in quick:
+        assert line in committed, line
 
 
 # ---- docs/dp-scaling.md: the series table (per-GPU throughput relative to the smallest dp) ----------------------
@@ -625,6 +765,76 @@ def test_dp_scaling_series(series: str) -> None:
         runs = {run["id"]: run for run in command_json("validate", *flags)["runs"]}
         values = [runs[i][key] / runs[ids[0]][key] for i in ids]
         assert_signed(cell.replace("*", ""), values, scale=1)
+
+
+# ---- docs/seed-claims.md: every "`gpufleet …` → `output`" quote ---------------------------------------------
+
+SEED_CLAIMS = ROOT / "docs" / "seed-claims.md"
+QUOTE = re.compile(r"`(gpufleet [^`]+)` → `([^`]+)`")
+SEED_FILE = re.compile(r"<!-- seed-file: (?P<name>[\w.-]+) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
+QUOTED_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+#: Quotes whose output depends on the machine the test runs on, not on gpufleet: checked by their own tests.
+MACHINE_DEPENDENT = ("gpufleet doctor",)
+#: Commands of more than a few seconds each (searches over 1,024 GPUs, a large flow simulation).
+SLOW_QUOTES = ("gpufleet plan ", "--size 200GB")
+
+
+def seed_quotes() -> list[Any]:
+    quotes = sorted({(m.group(1), m.group(2)) for m in QUOTE.finditer(SEED_CLAIMS.read_text(encoding="utf-8"))
+                     if not m.group(1).startswith(MACHINE_DEPENDENT)})
+    return [pytest.param(command, output, id=f"{command} -> {output}"[:90],
+                         marks=[pytest.mark.slow] if any(s in command for s in SLOW_QUOTES) else [])
+            for command, output in quotes]
+
+
+def fragment_pattern(quoted: str) -> tuple[re.Pattern[str], list[str]]:
+    """A pattern for a quoted output fragment: "…" stands for anything, white space for any white space, and each
+    number for a number (captured, to compare within the quote's rounding); and the quoted numbers in order."""
+    parts: list[str] = []
+    numbers: list[str] = []
+    for piece in re.split(r"(\s*…\s*|\s+|(?<![\w.])-?\d[\d,]*(?:\.\d+)?)", quoted):  # digits in a name are text
+        if not piece:
+            continue
+        if piece.strip() == "…":
+            parts.append(r"[\s\S]*?")
+        elif piece.isspace():
+            parts.append(r"[\s│┃]*")  # white space, or a table's column rule
+        elif QUOTED_NUMBER.fullmatch(piece):
+            parts.append(r"(-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+            numbers.append(piece)
+        else:
+            parts.append(r"\s*".join(re.escape(char) for char in piece if not char.isspace()))
+    return re.compile("".join(parts)), numbers
+
+
+def quote_matches(output: str, quoted: str) -> bool:
+    pattern, numbers = fragment_pattern(quoted)
+    for match in pattern.finditer(output):
+        if all(_same_figure(found, said) for found, said in zip(match.groups(), numbers, strict=True)):
+            return True
+    return False
+
+
+def _same_figure(found: str, said: str) -> bool:
+    value, quoted = float(found.replace(",", "")), float(said.replace(",", ""))
+    decimals = len(said.split(".")[1]) if "." in said else 0
+    return abs(round(value, decimals) - quoted) <= 0.51 * 10 ** -decimals or value == quoted
+
+
+@pytest.mark.parametrize(("command", "quoted"), seed_quotes())
+def test_seed_claims_quotes(command: str, quoted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command, run in a folder holding the page's seed files, prints the quoted fragment (its stdout, or a file
+    it writes under --out), each number within the quote's rounding."""
+    import shlex
+
+    for match in SEED_FILE.finditer(SEED_CLAIMS.read_text(encoding="utf-8")):
+        (tmp_path / match["name"]).write_text(match["body"], encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    done = run_gpufleet(*shlex.split(command)[1:])
+    written = "".join(path.read_text(encoding="utf-8", errors="replace") for path in sorted(tmp_path.rglob("*"))
+                      if path.is_file() and path.parent != tmp_path)
+    output = done.stdout + done.stderr + written
+    assert quote_matches(output, quoted), f"{command}: {quoted!r} not in\n{output[:3000]}"
 
 
 # ---- docs/fabric-study.md: the study script's own output ------------------------------------------------------
