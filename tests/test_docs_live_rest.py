@@ -355,6 +355,22 @@ def test_launch_seed_deepspeed_example() -> None:
         assert len(problems) == 5
 
 
+def test_launch_seed_megatron_example(tmp_path: Path) -> None:
+    """The seeds' Megatron example (docs/seed-claims.md's megatron_seed002.args): exit 1, and the micro-batch
+    arithmetic the check prints."""
+    body = next(m["body"] for m in SEED_FILE.finditer(SEED_CLAIMS.read_text(encoding="utf-8"))
+                if m["name"] == "megatron_seed002.args")
+    args = tmp_path / "megatron_seed002.args"
+    args.write_text(body, encoding="utf-8")
+    done = run_gpufleet("launch", "--check", str(args), "--gpus", "128", "--json")
+    assert done.returncode == 1, done.stderr
+    problems = " ".join(json.loads(done.stdout)["problems"])
+    found = re.search(r"= ([\d,]+) / \((\d+) × (\d+)\) = (\d+) micro-batches per step", problems)
+    assert found, problems
+    quoted = "Megatron-LM runs {} / ({} × {}) = {}\nmicro-batches per step".format(*found.groups())
+    assert quoted in doc("docs/launch.md"), quoted
+
+
 # ---- docs/launch-targets.md: rack-scale nodes as hosts --------------------------------------------------------
 
 def test_launch_targets_rack_scale_hosts(tmp_path: Path) -> None:
