@@ -1,12 +1,18 @@
-"""Docs quote live output, the rest: the figures of docs/memory.md, docs/runs.md, docs/economics.md, docs/launch.md's
-worked example, docs/measure.md, docs/monitoring.md, docs/checkpoint.md, docs/fabric-study.md and docs/validation.md
-that a `gpufleet` command or a project script prints, compared with that command's output (its --json, run in
-process) within the doc's own rounding.
+"""Docs quote live output, the rest: the figures of README.md and docs/*.md that tests/test_docs_live.py and
+tests/test_docs_live_more.py left out, each compared with what the command or project script that prints it prints
+today (a command's --json run in process where it has one), within the doc's own rounding.
+
+Pages: README.md (vTrain, ranking, memory peaks, input limits), memory.md, runs.md, economics.md, launch.md (the
+worked example, the seeds' examples), launch-targets.md, measure.md, monitoring.md, checkpoint.md (its crash-point
+counts: tests/runtime/test_crashpoints.py), report.md, plan-defaults-and-speed.md, seed-claims.md (every
+"`gpufleet …` → `output`" quote), two-sites.md, residuals.md, dp-scaling.md, fabric-study.md and validation.md (each
+the output of its script).
 
 Same helpers and rules as tests/test_docs_live.py. Figures that are measured timings or ratios on a shared machine
 are not a command's deterministic output: each doc marks them as measured (date, machine, command), and
-`test_measured_figures_say_when_and_where` checks that the mark is there. Study scripts that take more than a
-few seconds are re-run by tests marked slow.
+`test_measured_figures_say_when_and_where` checks that the mark is there. Study scripts that take more than a few
+seconds are re-run by tests marked slow; the residuals study (minutes) is checked through its committed output,
+docs/data/residuals_study*.txt, which a slow test re-runs in part.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import pytest
 
 from clirun import run_gpufleet
 from test_docs_live import ROOT, assert_quotes, command_json, doc
-from test_docs_live_more import SEED_JOB, assert_cell, split_medians, table_row
+from test_docs_live_more import SEED_JOB, assert_cell, split_medians, table_row, two_sites
 
 GIB = 2**30
 RUNS = ROOT / "src" / "gpufleet" / "catalog" / "runs"
@@ -883,6 +889,26 @@ def test_fabric_study_is_what_the_script_writes() -> None:
 
 
 # ---- docs/two-sites.md: the rows only scripts/two_sites.py prints ----------------------------------------------
+
+def test_two_sites_cost_walkthrough() -> None:
+    """The DP-across and PP-across walk-through: Llama 3 70B's parameters, layers and hidden size (`catalog show`),
+    the gradient bytes the `comm.wan` link names, the bucket latencies and the per-step boundary activations."""
+    text = doc("docs/two-sites.md")
+    model = command_json("catalog", "show", "llama3-70b")
+    params = model["params_total"]
+    assert_quotes(text, "reduction sends ", params, scale=1e-9)
+    assert_quotes(text, "reduction sends 70.6 B × 4 B = ", params * 4, scale=1e-9)
+    assert_quotes(text, "reduction sends 70.6 B × 4 B = 282 GB (", params * 4 / 2**30)
+    assert_quotes(text, "each way. That is ", params * 4 / 25e9)
+    assert_quotes(text, "Llama 3 70B under ZeRO-3 has ", model["layers"])
+    assert_quotes(text, "the 5 ms link adds 80 × 2 × 5 ms = ", model["layers"] * 2 * 5e-3)
+    wan = two_sites()["plans"][0]["parts"]["comm.wan"]["link"]
+    assert_quotes(text, "263 GiB each way per step in\n", model["layers"])  # the link's bucket count
+    assert f"in {model['layers']} buckets" in wan
+    request = command_json(*SEED_JOB)["job"]
+    assert_quotes(text, "sequences × tokens × hidden × 2 B = ",
+                  request["global_batch"] * request["seq_len"] * model["hidden"] * 2 / 2**30)
+
 
 @pytest.mark.slow
 def test_two_sites_script_rows() -> None:
