@@ -126,6 +126,29 @@ def test_memory_prose_figures() -> None:
     assert_quotes(text, "For Llama 3 70B (tp 4 + SP) this is ", 1 - fp8 / bf16, scale=100)
 
 
+def test_memory_zero_paper_figures() -> None:
+    """The ZeRO check's four figures, as the memory model gives them for the paper's setting (tests/test_memory.py
+    holds them at the paper's own precision; the page quotes more digits)."""
+    from gpufleet.workload.params import count_params
+    from test_memory import _model_states, gpt
+
+    model = gpt(hidden=4096, heads=32, layers=36)
+    psi = count_params(model).total
+    marker = "Ψ = 7.5B, gives "
+    for nth, sharding in enumerate(("none", "zero1", "zero2", "zero3")):
+        assert_quotes(doc("docs/memory.md"), marker, _model_states(model, sharding, 64) / psi * 7.5e9 / 1e9, nth=nth)
+
+
+def test_dp_scaling_expected_maximum_table() -> None:
+    """e(N), the expected maximum of N standard normals, as perf/dp_scaling.py computes it."""
+    from gpufleet.perf.dp_scaling import expected_max_normal
+
+    text = doc("docs/dp-scaling.md")
+    counts = [int(cell.replace(",", "")) for cell in table_row(text, "N")[1:]]
+    for cell, n in zip(table_row(text, "e(N)")[1:], counts, strict=True):
+        assert_cell(cell, expected_max_normal(n))
+
+
 # ---- README.md: the figures tests/test_docs_live*.py left out -------------------------------------------------
 
 VTRAIN = ("validate", "--runs", str(RUNS / "vtrain_runs.yaml"), "--catalog", str(ROOT / "tests" / "data" /
