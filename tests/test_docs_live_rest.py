@@ -484,6 +484,21 @@ def test_monitoring_fake_thermal_event() -> None:
     assert_quotes(text, "A rank scoring below **", DEFAULT_THRESHOLD)
 
 
+def test_monitoring_example_log_lines() -> None:
+    """The two log lines the page shows are what StepMonitor and the straggler report print for those figures."""
+    pytest.importorskip("prometheus_client")
+    from gpufleet.runtime.monitor.step_monitor import StepSummary
+    from gpufleet.runtime.monitor.straggler import RankStats, describe, score_ranks
+
+    text = " ".join(doc("docs/monitoring.md").split())
+    summary = StepSummary(steps=50, step_s=8.016, compute_s=None, tokens_per_s=8176, mfu=0.399, plan_ratio=0.83)
+    assert f"`rank 0: {summary.line()}`" in text, summary.line()
+    report = score_ranks([RankStats(0, 0.0221), RankStats(1, 0.0221), RankStats(2, 0.0661, gpu_slowed=True),
+                          RankStats(3, 0.0221)])
+    (line,) = describe(report, ["node014", "node015", "node017", "node018"])
+    assert f"`{line}`" in text, line
+
+
 # ---- docs/checkpoint.md: the limits and defaults it quotes ---------------------------------------------------
 # (its crash-point counts are what tests/runtime/test_crashpoints.py counts: that test checks them against the page)
 
