@@ -329,11 +329,19 @@ def test_economics_fabric_and_rack_scale_figures() -> None:
     assert_quotes(text, "(`rack_scale: true`: GB200 NVL72, a ", rack["max_power_w"], scale=1e-3)
 
 
-def test_report_fleet_utilization() -> None:
-    """docs/report.md's cost curve quotes the shipped fleet utilization."""
+def test_report_fleet_utilization_and_scaling_points() -> None:
+    """docs/report.md's cost curve quotes the shipped fleet utilization; its scaling chart the factors and
+    oversubscriptions the report draws."""
+    from gpufleet.report.plan_figures import SCALING_FACTORS, SCALING_OVERSUBSCRIPTIONS
+
+    text = doc("docs/report.md")
     record = command_json("catalog", "show", "default")
-    assert_quotes(doc("docs/report.md"), "the facility defaults' fleet utilization (", record["fleet_utilization"],
-                  scale=100)
+    assert_quotes(text, "the facility defaults' fleet utilization (", record["fleet_utilization"], scale=100)
+    words = {0.25: "¼", 0.5: "½", 2.0: "2", 4.0: "4"}
+    factors = ", ".join(words[f] for f in SCALING_FACTORS if f != 1.0)
+    assert "degree to {} times the count".format(factors.replace(", 4", " and 4")) in text
+    ratios = " and ".join(", ".join(f"{r:g}:1" for r in SCALING_OVERSUBSCRIPTIONS).rsplit(", ", 1))
+    assert f"at the request's oversubscription and at {ratios}." in text
 
 
 # ---- docs/launch.md: the worked example ---------------------------------------------------------------------
