@@ -430,6 +430,27 @@ def test_launch_targets_rack_scale_hosts(tmp_path: Path) -> None:
     assert "(142 GPUs = 2 x 71) is\nrefused" in text
 
 
+def test_launch_targets_signal_lead_and_time_limit(tmp_path: Path) -> None:
+    """The sbatch's signal lead is 120 s plus twice the plan's checkpoint write time (`plan --json`), and the
+    figures the page gives for the lead and the time limit are the emitter's."""
+    import math
+
+    from gpufleet.emit import slurm
+
+    text = doc("docs/launch-targets.md")
+    args = ("-m", "llama3-70b", "-t", "15T", "-n", "1024")
+    write_s = command_json("plan", *args)["plans"][0]["reliability"]["checkpoint_write_s"]
+    done = run_gpufleet("launch", *args, "--target", "slurm", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    lead = re.search(r"#SBATCH --signal=B:USR1@(\d+)", (tmp_path / "run" / "job.sbatch").read_text(encoding="utf-8"))
+    assert lead and int(lead.group(1)) == math.ceil(slurm.SIGNAL_MARGIN_S + 2 * write_s), lead
+    assert_quotes(text, "tells the batch shell `lead` seconds early (", slurm.SIGNAL_MARGIN_S)
+    assert_quotes(text, "twice the planned checkpoint write time, or ", slurm.DEFAULT_SIGNAL_LEAD_S)
+    assert_quotes(text, "asks for the predicted training time plus ", slurm.ALLOCATION_HEADROOM - 1, scale=100)
+    assert_quotes(text, "(at least the signal lead plus ", slurm.MIN_WORK_S / 60)
+    assert slurm.MAX_ALLOCATION_S == 24 * 3600 and "at most a day per\n  allocation" in text
+
+
 # ---- docs/measure.md and docs/monitoring.md: the catalog and defaults they quote ------------------------------
 
 def test_measure_quoted_defaults() -> None:
