@@ -977,6 +977,19 @@ def test_two_sites_cost_walkthrough() -> None:
                   request["global_batch"] * request["seq_len"] * model["hidden"] * 2 / 2**30)
 
 
+def test_two_sites_site_limit() -> None:
+    """`--sites` beyond the limit is one line naming the largest count allowed, the one the page gives."""
+    from clirun import one_error_line
+
+    line = one_error_line(run_gpufleet("plan", "-m", "llama3-70b", "-n", "2048", "--sites", "99", "--wan-gbps", "200",
+                                       "--wan-latency", "5ms"))
+    largest = re.search(r"at most (\d+)", line)
+    assert largest, line
+    text = doc("docs/two-sites.md")
+    assert_quotes(text, "- `--sites`: 1 to ", float(largest.group(1)))
+    assert_quotes(text, "The limit of ", float(largest.group(1)))
+
+
 @pytest.mark.slow
 def test_two_sites_script_rows() -> None:
     """The best PP-across plan, the seed's own tp8 pp2 layout and DP across with bf16 gradient reduction: no `plan`
