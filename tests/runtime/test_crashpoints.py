@@ -108,6 +108,14 @@ def test_a_kill_at_every_file_operation_of_save_and_resave_loses_no_durable_chec
     assert len(resave_window) == 1  # the instant the issue names was among them
     recovery_kills = kill_during_recovery(writer, tmp_path / "recovery", resave_window[0])
     print(f"recovery of the re-save window: {recovery_kills} kills, each loads step 2")
+    # docs/checkpoint.md quotes these counts: the page says what this test counts today
+    from test_docs_live import assert_quotes, doc
+
+    page = doc("docs/checkpoint.md")
+    assert_quotes(page, "A dry run counts them (", total)
+    for nth, count in enumerate((total, outcomes["none yet"], outcomes["durable"], outcomes["in flight"])):
+        assert_quotes(page, "All pass (of ", count, nth=nth)
+    assert_quotes(page, "itself killed at each of its own operations\n(", recovery_kills)
 
 
 def kill_during_recovery(writer: Writer, base: Path, kill_at: int) -> int:

@@ -12,7 +12,7 @@ from gpufleet.planner.plan import PlanResult
 def launch_spec(result: PlanResult, rank: int = 1, *, checkpoint_dir: str = "/checkpoints",
                 job_name: str = "gpufleet") -> LaunchSpec:
     """The plan ranked `rank` (1 = best) with what its launch files need: train iterations from the tokens, the
-    reliability model's checkpoint interval (None where the plan has no economics)."""
+    reliability model's checkpoint interval and write time (None where the plan has no economics)."""
     found = len(result.plans)
     if not 1 <= rank <= found:
         raise InputError(f"--rank {rank} is beyond the plans found: choose 1-{found}")
@@ -26,6 +26,7 @@ def launch_spec(result: PlanResult, rank: int = 1, *, checkpoint_dir: str = "/ch
         job=job, cluster=result.cluster, layout=layout, step=plan.candidate.step, options=result.request.options,
         stack=result.request.stack, rank=rank, train_iters=math.ceil(job.tokens / job.tokens_per_step),
         checkpoint_interval_s=plan.economics.checkpoint_interval_s if plan.economics else None,
+        checkpoint_write_s=plan.economics.checkpoint_write_s if plan.economics else None,
         checkpoint_dir=checkpoint_dir, job_name=job_name)
 
 
