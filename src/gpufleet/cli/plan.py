@@ -208,13 +208,15 @@ def framework_fields(cat: Catalog, stack: str | None, overlap_tp: bool | None, d
                      eager: bool, terms: ModelTerms | None = None, overlap_dp: bool | None = None) -> dict[str, Any]:
     """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags and the step
     model's optional terms."""
-    record = cat.stack(stack) if stack is not None else None  # unknown: one line naming the nearest
+    choice = cat.stack_choice(stack) if stack is not None else None  # unknown: one line naming the nearest
+    record = choice.record if choice is not None else None
     options = framework_options(record, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
                                 ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager,
                                 overlap_dp=overlap_dp)
     options = (terms or ModelTerms()).apply(options)
     return {"options": options, "attention_kernel": record.value("attention_kernel") if record else None,
-            "stack": stack,
+            "stack": stack, "stack_record": record.id if record else None, "stack_why": choice.why if choice else None,
+            "stack_version_assumed": choice.assumed if choice else False,
             "search_space": stack_search_space(record, SearchSpace()) if record else SearchSpace()}
 
 
@@ -305,7 +307,7 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
 
 def framework_note(request: PlanRequest) -> str | None:
     """The header line naming framework settings that differ from Megatron-LM's defaults, or None."""
-    said = [f"{request.stack}'s documented settings"] if request.stack else []
+    said = [request.stack_line] if request.stack_line else []
     if not request.options.fused_elementwise:
         said.append("eager element-wise kernels (no torch.compile)")
     if not request.options.dp_overlap:
@@ -321,7 +323,8 @@ def framework_note(request: PlanRequest) -> str | None:
 def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
     """The framework behaviours the plan assumed (`--stack` and the overlap/recompute flags)."""
     options, memory = request.options, request.options.memory
-    return {"stack": request.stack, "attention_kernel": request.attention_kernel,
+    return {"stack": request.stack, "stack_record": request.stack_record, "stack_resolution": request.stack_why,
+            "stack_version_assumed": request.stack_version_assumed, "attention_kernel": request.attention_kernel,
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
             "ep_dispatch": options.ep_dispatch, "fused_elementwise": options.fused_elementwise,
