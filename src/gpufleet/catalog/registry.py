@@ -263,7 +263,7 @@ class Catalog:
         choice = resolve_stack(name, stacks)
         if choice is None:
             families = {record.family for record in stacks.values() if record.family and record.conservative}
-            raise UnknownNameError("stack", name, [*stacks, *families])
+            raise UnknownNameError("stack", name, {*stacks, *families})
         return choice
 
     def node_for_gpu(self, gpu_id: str) -> NodeSpec:
@@ -279,6 +279,8 @@ class Catalog:
         for kind in KINDS:
             if name in self.records(kind):
                 return kind, self.records(kind)[name]
+        if "@" in name:  # a framework release (nemo@24.12): the stack record of the range that holds it
+            return "stacks", self.stack(name)
         every = sorted({n for kind in KINDS for n in self.records(kind)})
         raise UnknownNameError("catalog entry", name, every)
 
