@@ -5,6 +5,7 @@ naming the version moves a prediction toward the measurement."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,15 @@ def test_plan_with_a_bare_stack_says_which_range_it_assumed() -> None:
     unknown = run_gpufleet(*args, "--stack", "nemo@23.01")
     assert unknown.returncode == 2 and "unknown stack 'nemo@23.01'" in unknown.stderr
     assert "Traceback" not in unknown.stderr
+
+
+def test_validate_lists_the_runs_that_name_a_framework_without_a_version(tmp_path: Path) -> None:
+    path = fitted_run_paths()[0].parent / "nemo_2412_fitted.yaml"
+    text = path.read_text(encoding="utf-8").replace("stack: nemo@24.12", "stack: nemo", 1)
+    runs = tmp_path / "bare.yaml"
+    runs.write_text(text, encoding="utf-8")
+    done = run_gpufleet("validate", "--runs", str(runs))
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "1 run(s) name a framework without a version, so got its conservative settings" in said
+    assert "nemo2412-gpt3-175b-128gpu" in said.split("without a version")[1]
