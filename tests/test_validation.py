@@ -167,17 +167,21 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
     assert bridge.memory.grad_dtype == "bf16"
     assert bridge.tp_comm_overlap and bridge.ep_imbalance == 1.0 and bridge.moe_dropless
     assert bridge.loss_bytes_per_logit == 40.0  # fused cross-entropy; Megatron-LM's default unfused one moves 52
-    token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"stack": "megatron-bridge-25.09"})
+    token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"stack": "megatron-bridge@25.09"})
     assert not _options(token_drop).moe_dropless  # the archive labels 25.09's MoE rows "(tokendrop)"
     assert not bridge.dp_overlap  # the caller's own options are kept
     other = _options(runs["mpt-7b-h100-8gpu-s2048-bf16"])
     assert other == StepOptions()
-    # NeMo 2's performance tables: the same gradient and TP settings and TE's cuDNN attention, default routing
-    nemo = runs["mpt-7b-h100-8gpu-s2048-bf16"].model_copy(update={"stack": "nemo"})
+    # NeMo 2's 25.x performance scripts: the same gradient and TP settings and TE's cuDNN attention, default routing
+    nemo = runs["mpt-7b-h100-8gpu-s2048-bf16"].model_copy(update={"stack": "nemo@25.04"})
     nemo_options = _options(nemo)
     assert nemo_options.memory.grad_dtype == "bf16" and nemo_options.tp_comm_overlap
     assert nemo_options.ep_imbalance == StepOptions().ep_imbalance
     assert run_calibration(nemo, load_catalog(), "h100-sxm").attention_kernel == "cudnn"
+    # NeMo named without a release: what every release runs by default (the recipes' fp32 gradient reduction,
+    # TP communication in line)
+    bare = _options(nemo.model_copy(update={"stack": "nemo"}))
+    assert bare.memory.grad_dtype == "fp32" and not bare.tp_comm_overlap
 
 
 def test_a_stacks_documented_sharding_and_expert_tp_are_not_the_fillers_to_choose() -> None:

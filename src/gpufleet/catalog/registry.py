@@ -23,7 +23,7 @@ from gpufleet.catalog.fits import FitRecord, apply_fits
 from gpufleet.catalog.intervals import IntervalRecord
 from gpufleet.catalog.judgements import ConstantFit, JudgementRecord, Judgements, catalog_judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NetworkSpec, NodeSpec, Record
-from gpufleet.catalog.stacks import StackRecord
+from gpufleet.catalog.stacks import StackChoice, StackRecord, resolve_stack
 from gpufleet.errors import CatalogError, UnknownNameError, describe_validation_error
 from gpufleet.input_files import load_yaml
 
@@ -252,8 +252,19 @@ class Catalog:
         return self._origins[(kind, record_id)]
 
     def stack(self, name: str) -> StackRecord:
-        """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`)."""
-        return self.get("stacks", name, StackRecord)
+        """A framework stack's documented settings (`stacks:`; `plan --stack`, a run file's `stack:`): `name` as
+        an id, FAMILY@VERSION or a bare family name (`stack_choice`)."""
+        return self.stack_choice(name).record
+
+    def stack_choice(self, name: str) -> StackChoice:
+        """`name` resolved to a stack record (catalog.stacks.resolve_stack), or UnknownNameError listing the ids and
+        the families a bare name may give."""
+        stacks = {key: record for key, record in self.records("stacks").items() if isinstance(record, StackRecord)}
+        choice = resolve_stack(name, stacks)
+        if choice is None:
+            families = {record.family for record in stacks.values() if record.family and record.conservative}
+            raise UnknownNameError("stack", name, {*stacks, *families})
+        return choice
 
     def node_for_gpu(self, gpu_id: str) -> NodeSpec:
         """The catalog's default node for a GPU (the first node record that holds it)."""
@@ -268,6 +279,8 @@ class Catalog:
         for kind in KINDS:
             if name in self.records(kind):
                 return kind, self.records(kind)[name]
+        if "@" in name:  # a framework release (nemo@24.12): the stack record of the range that holds it
+            return "stacks", self.stack(name)
         every = sorted({n for kind in KINDS for n in self.records(kind)})
         raise UnknownNameError("catalog entry", name, every)
 

@@ -2,10 +2,17 @@
 
 `gpufleet plan --stack ID`, `memory --stack ID` and `validate` (a run's `stack:` field) read the same records.
 A setting a stack does not state keeps gpufleet's default, which is Megatron-LM's (the `megatron-lm` stack).
+
+Stacks are versioned: a record whose id reads `FAMILY@RANGE` (`nemo@24.x`) holds the settings of that framework's
+releases `first`..`last`. A name resolves (`resolve_stack`) as an exact id, as `FAMILY@VERSION` (`nemo@24.12`: the
+family's range that holds the release), or as a bare family name (`nemo`: the family's `conservative` range, and the
+output says which range was assumed). A family's conservative record may be its own bare-named record (`nemo`: the
+settings every release runs by default, before a release's performance configuration).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -136,12 +143,45 @@ STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dr
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 
-class StackRecord(Record):
-    """One framework stack (`stacks:` in the catalog)."""
+#: A release number as the frameworks print them (`24.12`, `25.02`, `0.3.0`): dot-separated integers.
+_RELEASE = r"^[0-9]+(\.[0-9]+)*$"
 
+
+def release_key(release: str) -> tuple[int, ...]:
+    """A release number as a tuple that orders like the releases (`24.12` < `25.02`)."""
+    return tuple(int(part) for part in release.split("."))
+
+
+class ReleaseRange(BaseModel):
+    """The framework releases a stack record's settings hold for, first and last included."""
+
+    model_config = _Strict
+    first: str = Field(pattern=_RELEASE)
+    last: str = Field(pattern=_RELEASE)
+    source: str = Field(min_length=3)
+
+    def holds(self, release: str) -> bool:
+        """Whether `release` (dot-separated integers) is inside the range."""
+        return release_key(self.first) <= release_key(release) <= release_key(self.last)
+
+    def words(self) -> str:
+        return self.first if self.first == self.last else f"{self.first}–{self.last}"
+
+
+class StackRecord(Record):
+    """One framework stack (`stacks:` in the catalog): a framework, or a framework at a release range."""
+
+    #: a versioned stack's id is FAMILY@RANGE (`nemo@24.x`); others keep the plain record id
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*(@[a-z0-9][a-z0-9._-]*)?$")
     name: str
-    #: runs of one family are left out together by `validate --cross-validate` (its versions share settings)
+    #: runs of one family are left out together by `validate --cross-validate` (its versions share settings);
+    #: a bare family name (`plan --stack nemo`) resolves to the family's `conservative` record
     family: str | None = None
+    #: the releases the settings hold for (a versioned stack)
+    releases: ReleaseRange | None = None
+    #: the record a bare family name resolves to, whose settings promise least (one per family): a versioned range,
+    #: or a record named by the bare family name itself that holds what every release runs by default
+    conservative: bool = False
     settings: StackSettings = Field(default_factory=StackSettings)
 
     def value(self, name: str) -> Any:
@@ -157,3 +197,46 @@ class StackRecord(Record):
     def fold(self) -> str:
         """The cross-validation group of the stack's runs: its family, else its id."""
         return self.family or self.id
+
+
+class StackChoice(BaseModel):
+    """A stack name as given and the record it resolved to; `assumed` when the name carried no version and the
+    family's conservative range was taken (the output says so)."""
+
+    model_config = _Strict
+    named: str
+    record: StackRecord
+    assumed: bool = False
+
+    @property
+    def why(self) -> str | None:
+        """Why the name gave this record, when the name is not the record's id: its releases, and the range
+        that holds the named release or the conservative range assumed for a bare family name."""
+        if self.named == self.record.id and not self.assumed:
+            return None
+        releases = f"releases {self.record.releases.words()}; " if self.record.releases else ""
+        return releases + (f"{self.named} named without a version: the conservative settings assumed" if self.assumed
+                           else f"the range that holds {self.named}")
+
+    @property
+    def said(self) -> str:
+        """How the choice reads in output: the record id, then `why` in brackets where there is one."""
+        return self.record.id + (f" ({self.why})" if self.why else "")
+
+
+def resolve_stack(name: str, stacks: dict[str, StackRecord]) -> StackChoice | None:
+    """The record `name` names: an exact id, FAMILY@VERSION (the family's range holding that release), or a bare
+    family name (its conservative range); None when none matches."""
+    if name in stacks:  # a bare name that is the id of a conservative record still assumes its settings
+        record = stacks[name]
+        return StackChoice(named=name, record=record, assumed=record.conservative and "@" not in name)
+    family, _, release = name.partition("@")
+    members = [record for record in stacks.values() if record.family == family]
+    if release:
+        if re.match(_RELEASE, release) is None:
+            return None
+        held = [record for record in members if record.releases is not None and record.releases.holds(release)]
+        held.sort(key=lambda record: record.conservative)  # a release's own range before the family's defaults
+        return StackChoice(named=name, record=held[0]) if held else None
+    conservative = [record for record in members if record.conservative]
+    return StackChoice(named=name, record=conservative[0], assumed=True) if conservative else None

@@ -39,7 +39,7 @@ def plan_with_spinner(out: Output, request: PlanRequest, cat: Catalog) -> PlanRe
 
 def framework_note(request: PlanRequest) -> str | None:
     """The header line naming framework settings that differ from Megatron-LM's defaults, or None."""
-    said = [f"{request.stack}'s documented settings"] if request.stack else []
+    said = [request.stack_line] if request.stack_line else []
     if not request.options.fused_elementwise:
         said.append("eager element-wise kernels (no torch.compile)")
     if not request.options.dp_overlap:

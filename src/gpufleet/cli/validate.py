@@ -221,6 +221,10 @@ def _render_summary(console: Console, report: ValidateReport) -> None:
                       f"in the figures above): {', '.join(summary.memory_rejected)}")
     if summary.skipped:
         console.print(f"skipped: {', '.join(summary.skipped)}")
+    unversioned = [p.id for p in report.predictions if p.stack_version_assumed]
+    if unversioned:
+        console.print(f"{len(unversioned)} run(s) name a framework without a version, so got its conservative "
+                      f"settings (the note says which; name the release, e.g. nemo@24.12): {', '.join(unversioned)}")
 
 
 def _render(console: Console, report: ValidateReport) -> None:

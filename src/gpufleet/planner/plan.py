@@ -55,6 +55,10 @@ class PlanRequest:
     #: the attention kernel the framework uses where the GPU's calibration says FA2-class (a stack's choice)
     attention_kernel: AttentionKernel | None = None
     stack: str | None = None  # the `plan --stack` name whose settings `options` carry (for the report)
+    #: the stack record that name resolved to, and why where the name is not its id (catalog.stacks.StackChoice)
+    stack_record: str | None = None
+    stack_why: str | None = None
+    stack_version_assumed: bool = False  # the name carried no version: the family's conservative range was taken
     #: the layouts the framework offers (a stack without SP, CP or activation offload narrows it)
     search_space: SearchSpace = field(default_factory=SearchSpace)
     #: sites the GPUs split over evenly, and the WAN link between them (planner/sites.py; 1 = one site, no link)
@@ -63,6 +67,15 @@ class PlanRequest:
     wan_latency_s: float | None = None  # one-way
     #: layout fields the user pinned (`plan --tp 8 --pp 2,4 ...`); the stack's layout defaults fill the rest
     pins: LayoutPins = field(default_factory=LayoutPins)
+
+    @property
+    def stack_line(self) -> str | None:
+        """The stack's line in plan output: the record whose documented settings the plan used, and why when
+        --stack named it otherwise (a release, or a bare family name: the conservative range assumed)."""
+        if self.stack is None:
+            return None
+        said = f"{self.stack_record or self.stack}'s documented settings"
+        return said + (f" ({self.stack_why})" if self.stack_why else "")
 
     def __post_init__(self) -> None:
         """The API refuses what the CLI refuses: one InputError naming the field and what it allows."""

@@ -87,7 +87,8 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
 def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
     """The framework behaviours the plan assumed (`--stack` and the overlap/recompute flags)."""
     options, memory = request.options, request.options.memory
-    return {"stack": request.stack, "attention_kernel": request.attention_kernel,
+    return {"stack": request.stack, "stack_record": request.stack_record, "stack_resolution": request.stack_why,
+            "stack_version_assumed": request.stack_version_assumed, "attention_kernel": request.attention_kernel,
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
             "ep_dispatch": options.ep_dispatch, "fused_elementwise": options.fused_elementwise,

@@ -99,11 +99,13 @@ def framework_fields(cat: Catalog, stack: str | None, overlap_tp: bool | None, d
                      eager: bool, terms: ModelTerms | None = None, overlap_dp: bool | None = None) -> dict[str, Any]:
     """PlanRequest's framework fields: the catalog stack's documented settings, then explicit flags and the step
     model's optional terms."""
-    record = cat.stack(stack) if stack is not None else None  # unknown: one line naming the nearest
+    choice = cat.stack_choice(stack) if stack is not None else None  # unknown: one line naming the nearest
+    record = choice.record if choice is not None else None
     options = framework_options(record, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
                                 ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager,
                                 overlap_dp=overlap_dp)
     options = (terms or ModelTerms()).apply(options)
     return {"options": options, "attention_kernel": record.value("attention_kernel") if record else None,
-            "stack": stack,
+            "stack": stack, "stack_record": record.id if record else None, "stack_why": choice.why if choice else None,
+            "stack_version_assumed": choice.assumed if choice else False,
             "search_space": stack_search_space(record, SearchSpace()) if record else SearchSpace()}

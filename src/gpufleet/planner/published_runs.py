@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
-from gpufleet.catalog.stacks import DEFAULT_STACK, MEMORY_SETTINGS, STEP_SETTINGS, StackRecord
-from gpufleet.errors import CatalogError
+from gpufleet.catalog.stacks import DEFAULT_STACK, MEMORY_SETTINGS, STEP_SETTINGS, StackChoice, StackRecord
+from gpufleet.errors import CatalogError, UnknownNameError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, Sharding
 from gpufleet.perf.step import StepOptions
@@ -268,12 +268,15 @@ def check_unique_ids(runs: list[PublishedRun]) -> None:
 
 def check_run_stacks(runs: list[PublishedRun], catalog: Catalog, path: Path | None = None) -> None:
     """CatalogError naming the first run whose `stack:` is not a catalog stack, and the known ones."""
-    known = catalog.records("stacks")
     for run in runs:
-        if run.stack is not None and run.stack not in known:
+        if run.stack is None:
+            continue
+        try:
+            catalog.stack_choice(run.stack)
+        except UnknownNameError as error:
             where = f"run file {path}: " if path is not None else ""
             raise CatalogError(f"{where}run {run.id}: stack {run.stack!r} is not a catalog stack; "
-                               f"known: {', '.join(sorted(known))}")
+                               f"known: {', '.join(error.known)}") from None
 
 
 def run_stack(run: PublishedRun, catalog: Catalog) -> tuple[StackRecord, bool]:
@@ -281,6 +284,11 @@ def run_stack(run: PublishedRun, catalog: Catalog) -> tuple[StackRecord, bool]:
     if run.stack is None:
         return catalog.stack(DEFAULT_STACK), True
     return catalog.stack(run.stack), False
+
+
+def run_stack_choice(run: PublishedRun, catalog: Catalog) -> StackChoice | None:
+    """How the run's `stack:` resolved (catalog.stacks.resolve_stack); None when it names none."""
+    return None if run.stack is None else catalog.stack_choice(run.stack)
 
 
 def framework_options(stack: StackRecord | None, *, overlap_tp: bool | None = None, dtensor_tp: bool | None = None,

@@ -23,6 +23,7 @@ from gpufleet.planner.published_runs import (
     run_cluster,
     run_job,
     run_stack,
+    run_stack_choice,
     run_step_options,
 )
 from gpufleet.planner.search import Infeasible, SearchSpace, evaluate, search
@@ -48,6 +49,10 @@ class RunPrediction:
     attention_kernel: str | None = None  # the kernel the run's stack used, as validation assumed it
     stack: str | None = None  # the catalog stack whose documented settings validation applied
     stack_defaulted: bool = False  # the run names no stack: it got the documented default
+    #: how the run's `stack:` resolved when it named no range id (a release, or a bare family name: the
+    #: conservative range assumed); None when it named the record's id or no stack
+    stack_said: str | None = None
+    stack_version_assumed: bool = False  # the run named a framework without a version
     #: the memory model says the published layout (or every fill of its published fields) does not fit; predicted
     #: anyway, since the run did fit, and counted in the summary
     memory_rejected: bool = False
@@ -84,7 +89,8 @@ class RunPrediction:
         if self.attention_kernel and self.attention_kernel != "flash":
             notes.append(f"attention: {self.attention_kernel}")
         if self.stack:
-            notes.append(f"stack: {self.stack}" + (" (default: the run names none)" if self.stack_defaulted else ""))
+            notes.append(f"stack: {self.stack_said or self.stack}"
+                         + (" (default: the run names none)" if self.stack_defaulted else ""))
         if self.eager:
             notes.append("eager element-wise")
         return "; ".join(note for note in notes if note)
@@ -109,6 +115,8 @@ class RunPrediction:
             "attention_kernel": self.attention_kernel,
             "stack": self.stack,
             "stack_defaulted": self.stack_defaulted,
+            "stack_named": self.stack_said,
+            "stack_version_assumed": self.stack_version_assumed,
             "eager": self.eager,
             "memory_rejected": self.memory_rejected,
             "measured_mfu": self.measured_mfu[0],
@@ -162,6 +170,10 @@ def _predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | Non
         calibration = run_calibration(run, catalog, cluster.gpu.id, fitted)
         stack, result.stack_defaulted = run_stack(run, catalog)
         result.stack, result.family = stack.id, stack.fold
+        choice = run_stack_choice(run, catalog)
+        if choice is not None and (choice.named != stack.id or choice.assumed):
+            result.stack_version_assumed = choice.assumed
+            result.stack_said = choice.said if choice.assumed else f"{stack.id} (from {choice.named})"
         options = run_step_options(run, catalog, options)
         if fsdp2_copies is not None:
             options = replace(options, fsdp2_copies=fsdp2_copies)

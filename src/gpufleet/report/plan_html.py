@@ -66,7 +66,7 @@ def _summary(figures: PlanFigures) -> str:
 def _framework(figures: PlanFigures) -> str:
     """What the plan assumed of the framework, where it differs from Megatron-LM's defaults."""
     request = figures.result.request
-    said = f" Framework: {request.stack}'s documented settings." if request.stack else ""
+    said = f" Framework: {request.stack_line}." if request.stack_line else ""
     if not request.options.fused_elementwise:
         said += " Element-wise ops priced as eager PyTorch kernels (no torch.compile)."
     return said
