@@ -93,3 +93,37 @@ def straggler_s(critical_path_s: float, gpus: int, sigma: float, already_paced: 
     compute, in-line communication and bubble: all of it runs at the pace of the slowest GPU) is
     `critical_path_s` (`straggler_fraction` for `already_paced`)."""
     return critical_path_s * straggler_fraction(gpus, sigma, already_paced)
+
+
+def amax_sync_fraction(dp: int, sigma: float) -> float:
+    """Share by which FP8 delayed scaling's amax all-reduce over the data-parallel replicas lengthens the pipeline.
+
+    Transformer Engine's DelayedScaling(reduce_amax=True) all-reduces the amax history of every FP8 module at each
+    exit of `fp8_autocast`, and Megatron-Core wraps each model chunk's forward in one, with the amax-reduction group
+    tp x dp x cp (`parallel_state.get_amax_reduction_group(with_context_parallel=True)`, `tp_only_amax_red` False by
+    default; NeMo's later performance scripts set it True). The all-reduce is blocking, so every micro-batch's chunk
+    forward becomes a meeting point of all `dp` replicas of that pipeline stage: each interval between two meetings
+    ends when the slowest replica arrives. If each replica's time over an interval scatters independently with
+    relative spread `sigma`, the pipeline runs at the pace of the slowest of `dp` over every interval:
+
+        amax_sync_s = pipeline_s * sigma * e(dp)
+
+    (the sum of interval x sigma x e(dp) over the intervals is the whole pipeline x sigma x e(dp)). Without the
+    dp-spanning reduction (BF16, tp-only amax reduction, current scaling) the replicas meet once per step, at the
+    gradient reduction, where the spread of a whole step, sigma / sqrt(intervals), is what waits: this term leaves
+    that to `straggler_fraction`. The tiny all-reduce's own latency (2 log2(dp) network steps, ~10-60 us per
+    chunk forward) is not charged here: under 0.5 % of a step on every run in docs/dp-scaling.md.
+    """
+    if dp < 1:
+        raise InputError(f"amax_sync_fraction needs dp >= 1, got {dp}")
+    if sigma < 0:
+        raise InputError(f"amax_sync_fraction needs sigma >= 0, got {sigma}")
+    if sigma == 0 or dp == 1:
+        return 0.0
+    return sigma * expected_max_normal(dp)
+
+
+def amax_sync_s(pipeline_s: float, dp: int, sigma: float) -> float:
+    """Seconds the FP8 amax all-reduce's meetings of `dp` replicas add to a pipeline of `pipeline_s` seconds
+    (`amax_sync_fraction`)."""
+    return pipeline_s * amax_sync_fraction(dp, sigma)
