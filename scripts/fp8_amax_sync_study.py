@@ -6,7 +6,10 @@ held out of every recorded fit) with the term off and on, chooses its spread sig
 (tokens/s per GPU over the series' first run, so the level the recorded fits set cancels), scores the choice
 leaving one series out, and scores the shipped run files' FP8 rows (in no choice of sigma) with it on.
 
-Usage: PYTHONPATH=src .venv/bin/python scripts/fp8_amax_sync_study.py [--sigma S] (about a minute)
+Also prints the strong-scaling series (Megatron-Core's GPT-3 177B, BF16: the term does not apply) under both
+data-parallel overlap windows (--window).
+
+Usage: PYTHONPATH=src .venv/bin/python scripts/fp8_amax_sync_study.py [--sigma S] [--window chunks] (seconds)
 """
 
 from __future__ import annotations
@@ -38,8 +41,11 @@ def series(runs: Sequence[PublishedRun]) -> list[list[PublishedRun]]:
     return [sorted(group, key=lambda run: run.layout.dp or 0) for group in groups.values() if len(group) > 1]
 
 
+WINDOW = "micro-batch"  # --window: StepOptions.dp_overlap_window
+
+
 def predict(runs: Sequence[PublishedRun], catalog: Catalog, sigma: float) -> dict[str, RunPrediction]:
-    options = replace(StepOptions(), fp8_amax_sync_sigma=sigma)
+    options = replace(StepOptions(), fp8_amax_sync_sigma=sigma, dp_overlap_window=WINDOW)
     return {run.id: predict_run(run, catalog, options) for run in runs}
 
 
@@ -73,7 +79,11 @@ def choose(groups: Sequence[Sequence[PublishedRun]], by_sigma: dict[float, dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sigma", type=float, default=None, help="score this sigma instead of choosing one")
+    parser.add_argument("--window", choices=["micro-batch", "chunks"], default="micro-batch",
+                        help="the data-parallel overlap window (StepOptions.dp_overlap_window)")
     args = parser.parse_args()
+    global WINDOW
+    WINDOW = args.window
     catalog = load_catalog()
     runs = load_runs(PUBLIC)
     groups = series(runs)
@@ -83,7 +93,7 @@ def main() -> None:
     if chosen not in by_sigma:
         by_sigma[chosen] = predict(runs, catalog, chosen)
     off, on = by_sigma[0.0], by_sigma[chosen]
-    print(f"sigma chosen on the FP8 series' ratios: {chosen:.4f}")
+    print(f"overlap window {WINDOW}; sigma chosen on the FP8 series' ratios: {chosen:.4f}")
     print("\n## Series (tokens/s per GPU; ratio to the series' first comparable run)")
     for group in groups:
         runs_c = comparable(group, off)

@@ -21,7 +21,7 @@ from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.comm_cost import chunked_s as _chunked_s
 from gpufleet.perf.comm_cost import overlap as _overlap
 from gpufleet.perf.compute import ACTIVATION_BYTES, CROSS_ENTROPY_BYTES_PER_LOGIT, logits_compute_s
-from gpufleet.perf.dp_scaling import amax_sync_s, straggler_s
+from gpufleet.perf.dp_scaling import amax_sync_s, interleaved_exposed_s, straggler_s
 from gpufleet.perf.fsdp_overheads import fsdp2_copy_s
 from gpufleet.perf.layer_comm import (
     ExpertParallelComm,
@@ -64,6 +64,11 @@ class StepOptions:
     #: 40 fused or PyTorch's)
     loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
+    #: what an interleaved pipeline's data-parallel reduction and gather (DDP, distributed optimizer) hide behind:
+    #: "micro-batch": one micro-batch's backward (forward) of the stage, the last layer exposed (the default);
+    #: "chunks": each model chunk's buckets behind the chunks after it (Megatron-Core launches a chunk's buckets after
+    #: its last micro-batch; Calculon's window; perf/dp_scaling.py interleaved_exposed_s; docs/dp-scaling.md)
+    dp_overlap_window: Literal["micro-batch", "chunks"] = "micro-batch"
     #: slowest expert rank / mean under top-k routing (a judgement: catalog data/judgements.yaml)
     ep_imbalance: float = field(default_factory=lambda: judgements().ep_imbalance)
     #: data loading, logging, launch gaps per step (a judgement: catalog data/judgements.yaml)
@@ -215,8 +220,13 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
     total = reduce_s + gather_s
     if not options.dp_overlap:
         return _DataParallelComm(total, total, link)
-    reduce_exposed, _ = _overlap(reduce_s, backward_window, granules)
-    gather_exposed, _ = _overlap(gather_s, forward_window, granules)
+    # "chunks": under an interleaved pipeline every model chunk but the first hides behind the chunks after it
+    # (perf/dp_scaling.py: interleaved_exposed_s; with vpp 1, or "micro-batch": one micro-batch's window, the last
+    # granule exposed)
+    vpp = layout.vpp if options.dp_overlap_window == "chunks" else 1
+    group = min(layout.pp, micro_batches)
+    reduce_exposed = interleaved_exposed_s(reduce_s, backward_window, granules, vpp, group)
+    gather_exposed = interleaved_exposed_s(gather_s, forward_window, granules, vpp, group)
     return _DataParallelComm(reduce_exposed + gather_exposed, total, link)
 
 
