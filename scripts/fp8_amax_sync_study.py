@@ -9,7 +9,10 @@ leaving one series out, and scores the shipped run files' FP8 rows (in no choice
 Also prints the strong-scaling series (Megatron-Core's GPT-3 177B, BF16: the term does not apply) under both
 data-parallel overlap windows (--window).
 
-Usage: PYTHONPATH=src .venv/bin/python scripts/fp8_amax_sync_study.py [--sigma S] [--window chunks] (seconds)
+--cross-validate adds `validate --cross-validate`'s figures on the shipped run files for four configurations (each
+window with the term off and with its chosen sigma): about six minutes.
+
+Usage: PYTHONPATH=src .venv/bin/python scripts/fp8_amax_sync_study.py [--sigma S] [--window chunks] [--cross-validate]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
+from gpufleet.planner.fit import cross_validate
 from gpufleet.planner.published_runs import PublishedRun, fitted_run_paths, load_runs
 from gpufleet.planner.validate import RunPrediction, predict_run
 
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=None, help="score this sigma instead of choosing one")
     parser.add_argument("--window", choices=["micro-batch", "chunks"], default="micro-batch",
                         help="the data-parallel overlap window (StepOptions.dp_overlap_window)")
+    parser.add_argument("--cross-validate", action="store_true", help="also cross-validate the shipped run files")
     args = parser.parse_args()
     global WINDOW
     WINDOW = args.window
@@ -132,6 +137,35 @@ def main() -> None:
         preds = predict(shipped, catalog, sigma)
         errs = [abs(p.error) for p in preds.values() if p.error is not None]
         print(f"  {name}: {statistics.median(errs):.1%} over {len(errs)} runs")
+    if args.cross_validate:
+        print_cross_validation(catalog)
+
+
+#: (window, sigma) pairs --cross-validate scores: each window off, and with the sigma the FP8 series choose under it
+CONFIGURATIONS = (("micro-batch", 0.0), ("micro-batch", 0.02), ("chunks", 0.0), ("chunks", 0.0325))
+REGIMES = ("dense", "model-parallel", "fp8", "moe")
+FAMILIES = ("mtnlg-megatron-deepspeed", "megatron-bridge", "nemo", "megatron-core", "llama3-meta")
+
+
+def print_cross_validation(catalog: Catalog) -> None:
+    """`validate --cross-validate` on the shipped run files under each configuration: median |error| in-sample and
+    leave-one-source-out, by regime and for the families the study watches."""
+    runs = [run for path in fitted_run_paths() for run in load_runs(path)]
+    print("\n## Shipped run files, validate --cross-validate (median |error|)")
+    for window, sigma in CONFIGURATIONS:
+        options = replace(StepOptions(), fp8_amax_sync_sigma=sigma, dp_overlap_window=window)  # type: ignore[arg-type]
+        predictions = [predict_run(run, catalog, options) for run in runs]
+        summary = cross_validate(runs, predictions, catalog, options).summary(runs, predictions)
+        regimes = summary["regimes"]
+
+        def pct(stats: dict[str, object]) -> str:
+            value = stats.get("median_abs_error")
+            return f"{value:.1%}" if isinstance(value, float) else "-"
+
+        cells = [f"in-sample {pct(regimes['all']['in_sample'])}", f"LOSO {pct(regimes['all']['cross_validated'])}"]
+        cells += [f"{name} {pct(regimes[name]['cross_validated'])}" for name in REGIMES]
+        cells += [f"{family} {pct(summary['by_source'][family])}" for family in FAMILIES]
+        print(f"  {window:11s} sigma {sigma:.4f}: " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":
