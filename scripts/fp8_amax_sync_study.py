@@ -4,7 +4,8 @@
 Scores the data-parallel weak-scaling series of NVIDIA's DGX Cloud recipes (catalog/runs/dp_scaling_public.yaml,
 held out of every recorded fit) with the term off and on, chooses its spread sigma on the FP8 series' ratios
 (tokens/s per GPU over the series' first run, so the level the recorded fits set cancels), scores the choice
-leaving one series out, and scores the shipped run files' FP8 rows (in no choice of sigma) with it on.
+leaving one series out (and on FP8 series in no choice: runs not in the fit's chosen_on), and scores the shipped
+run files' FP8 rows (in no choice of sigma) with it on.
 
 Also prints the strong-scaling series (Megatron-Core's GPT-3 177B, BF16: the term does not apply) under both
 data-parallel overlap windows (--window).
@@ -92,7 +93,11 @@ def main() -> None:
     catalog = load_catalog()
     runs = load_runs(PUBLIC)
     groups = series(runs)
-    fp8 = [group for group in groups if group[0].precision == "fp8"]
+    chosen_on = set(catalog.records("constant_fits")["fp8-amax-sync-sigma"].chosen_on)  # type: ignore[attr-defined]
+    fp8 = [group for group in groups if group[0].precision == "fp8" and all(run.id in chosen_on for run in
+                                                                            comparable(group, predict(group, catalog,
+                                                                                                      0.0)))]
+    held = [group for group in groups if group[0].precision == "fp8" and group not in fp8]
     by_sigma = {sigma: predict(runs, catalog, sigma) for sigma in GRID}
     chosen = args.sigma if args.sigma is not None else choose(fp8, by_sigma)
     if chosen not in by_sigma:
@@ -126,6 +131,10 @@ def main() -> None:
         off_e = statistics.median(abs(e) for e in ratio_errors(group, off))
         on_e = statistics.median(abs(e) for e in ratio_errors(group, by_sigma[sigma]))
         print(f"  {group[0].model.name:18s} sigma {sigma:.4f}: off {off_e:.1%} -> on {on_e:.1%}")
+    for group in held:
+        off_e = statistics.median(abs(e) for e in ratio_errors(group, off))
+        on_e = statistics.median(abs(e) for e in ratio_errors(group, on))
+        print(f"  {group[0].model.name:18s} in no choice of sigma, at {chosen:.4f}: off {off_e:.1%} -> on {on_e:.1%}")
     for name, chosen_preds in (("off", off), ("on", on)):
         errs = [abs(e) for group in fp8 for e in ratio_errors(group, chosen_preds)]
         lvl = [abs(p.error) for p in chosen_preds.values() if p.error is not None]

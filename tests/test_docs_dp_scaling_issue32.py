@@ -52,6 +52,13 @@ def test_sigma_and_leave_one_series_out(window: str) -> None:
         prefix = f"{name}{' FP8' if window == 'micro-batch' else ''}, σ chosen on the other two"
         row = next(line for line in text.splitlines() if line.startswith(f"| {prefix}"))
         assert f"({sig} %)" in row and f"| {off} → {on} % |" in row, (row, sig, off, on)
+    held = re.search(r"^  Llama 3.1 70B\s+in no choice of sigma, at (\d\.\d+): off (\d+\.\d)% -> on (\d+\.\d)%$",
+                     output, re.M)
+    assert held is not None
+    held_sigma = f"{float(held.group(1)) * 100:.2f}".rstrip("0").rstrip(".")
+    held_row = next(line for line in text.splitlines() if line.startswith("| Llama 3.1 70B")
+                    and f"(σ = {held_sigma}" in line)
+    assert f"| {held.group(2)} → {held.group(3)} % |" in held_row, held_row
     shipped = re.findall(r"^  (off|on): (\d+\.\d)% over 66 runs$", output, re.M)
     assert len(shipped) == 2
     assert f"{shipped[0][1]} → {shipped[1][1]} %" in text
@@ -66,7 +73,8 @@ def test_series_ratios_in_the_tables() -> None:
     text = doc("docs/dp-scaling.md")
     for label, last in (("GPT-3 175B, FP8", "dgxc-gpt3-fp8-2048gpu"),
                         ("Nemotron-4 340B, FP8", "dgxc-nemotron-fp8-2048gpu"),
-                        ("Llama 3.1 405B, FP8", "dgxc-llama-fp8-2304gpu")):
+                        ("Llama 3.1 405B, FP8", "dgxc-llama-fp8-2304gpu"),
+                        ("Llama 3.1 70B, FP8 (added after σ was chosen)", "dgxc-llama70-fp8-2048gpu")):
         measured, off, on = ratios(output, last)
         row = table_row(text, label)
         assert row[3] == f"1 → **{measured:.3f}**" and row[4] == f"1 → {off:.3f}", row
