@@ -4,6 +4,7 @@ at each FP8 amax all-reduce, by hand, its invariants, its place in a step, and t
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clirun import one_error_line, run_gpufleet
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.registry import load_catalog
@@ -109,3 +111,22 @@ def test_the_held_out_file_is_in_no_fit() -> None:
     assert PUBLIC not in fitted_run_paths()
     fitted_ids = {run.id for path in fitted_run_paths() for run in load_runs(path)}
     assert not fitted_ids & {run.id for run in load_runs(PUBLIC)}
+
+
+def test_validate_turns_the_dp_scaling_terms_on_and_says_so() -> None:
+    path = str(PUBLIC)
+    off = run_gpufleet("validate", "--json", "--runs", path)
+    on = run_gpufleet("validate", "--json", "--runs", path, "--fp8-amax-sync", "recorded", "--dp-overlap-window",
+                      "chunks")
+    assert off.returncode == 0 and on.returncode == 0, on.stderr
+    before, after = json.loads(off.stdout), json.loads(on.stdout)
+    assert after["options"]["fp8_amax_sync_sigma"] == judgements().fp8_amax_sync_sigma
+    assert after["options"]["dp_overlap_window"] == "chunks"
+    by_id = {run["id"]: run["predicted_tokens_per_s_per_gpu"] for run in after["runs"]}
+    was = {run["id"]: run["predicted_tokens_per_s_per_gpu"] for run in before["runs"]}
+    # the strong-scaling end point hides its interleaved reduction (faster); FP8 runs wait at amax meetings
+    assert by_id["mcore-h100-strong-177b-4608gpu"] > was["mcore-h100-strong-177b-4608gpu"]
+    assert by_id["dgxc-gpt3-fp8-2048gpu"] < was["dgxc-gpt3-fp8-2048gpu"]
+    for flags in (("--fp8-amax-sync", "50%"), ("--fp8-amax-sync", "lots"), ("--dp-overlap-window", "layers")):
+        line = one_error_line(run_gpufleet("validate", "--runs", path, *flags))
+        assert flags[0] in line

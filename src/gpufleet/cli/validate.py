@@ -12,7 +12,7 @@ from rich.table import Table
 from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
 from gpufleet.cli.plan import Fsdp2CopiesOption, OverlapContentionOption, StragglerScopeOption, StragglersOption
-from gpufleet.planner.model_terms import parse_model_terms
+from gpufleet.planner.model_terms import parse_dp_scaling_terms, parse_model_terms
 
 if TYPE_CHECKING:
     from gpufleet.planner.ranking import GroupRanking
@@ -124,6 +124,16 @@ def register(app: typer.Typer) -> None:
         straggler_scope: str = StragglerScopeOption,
         overlap_contention: str | None = OverlapContentionOption,
         fsdp2_copies: bool | None = Fsdp2CopiesOption,
+        fp8_amax_sync: str | None = typer.Option(None, "--fp8-amax-sync", metavar="SIGMA|recorded", help="FP8 "
+                                                 "delayed scaling's amax all-reduce spans the data-parallel "
+                                                 "replicas: the pipeline waits for the slowest of dp at each one, "
+                                                 "replica times spreading by SIGMA (e.g. 2%; `recorded`: the "
+                                                 "recorded fit); sync.fp8-amax (docs/dp-scaling.md) [default: off]."),
+        dp_overlap_window: str = typer.Option("micro-batch", "--dp-overlap-window", help="What an interleaved "
+                                              "pipeline's data-parallel reduction hides behind: micro-batch (one "
+                                              "micro-batch's backward of the stage) or chunks (each model chunk "
+                                              "behind the chunks after it; docs/dp-scaling.md) [default: "
+                                              "micro-batch]."),
         catalog: list[Path] = CatalogOption,
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
@@ -143,10 +153,12 @@ def register(app: typer.Typer) -> None:
 
         out = Output(json)
         terms = parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
+        amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
         request = ValidateRequest(runs=tuple(runs) if runs else None, cross_validate=cross_validate, rank=rank,
                                   node=node, dp_overlap=dp_overlap, straggler_sigma=terms.straggler_sigma,
                                   straggler_scope=terms.straggler_scope, overlap_slowdown=terms.overlap_slowdown,
-                                  fsdp2_copies=terms.fsdp2_copies)
+                                  fsdp2_copies=terms.fsdp2_copies, fp8_amax_sync_sigma=amax_sigma,
+                                  dp_overlap_window=window)
         _check_outputs(plot, html_report)
         report = validate_runs(request, open_catalog(with_calibration(catalog, calibration)))
         _write_figures(report, plot, html_report)
