@@ -1,4 +1,6 @@
-"""What a step loses waiting for the slowest of its GPUs: a cost that grows with dp (docs/dp-scaling.md).
+"""Costs of a step that grow with dp (docs/dp-scaling.md): waiting for the slowest of its GPUs (`straggler_fraction`),
+for the slowest data-parallel replica at each FP8 amax all-reduce (`amax_sync_fraction`), and what an interleaved
+pipeline's data-parallel reduction leaves exposed (`interleaved_exposed_s`). All three are off by default.
 
 Identical GPUs are not equally fast. Sinha et al. ("Not All GPUs Are Created Equal", SC22, arXiv 2208.11035)
 ran the same kernels on more than 90 % of the GPUs of five clusters (V100, MI60) and found an average
