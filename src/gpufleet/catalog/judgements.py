@@ -83,6 +83,7 @@ class Judgements(BaseModel):
     # constant fits (fits.yaml constant_fits:)
     memory_overhead_fixed_gib: float = Field(ge=0)
     memory_overhead_fraction: float = Field(ge=0, lt=1)
+    fp8_amax_sync_sigma: float = Field(ge=0, le=0.2)
 
     sources: Mapping[str, str] = Field(default_factory=dict, repr=False)
 

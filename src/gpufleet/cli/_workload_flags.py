@@ -76,3 +76,11 @@ Fsdp2CopiesOption = typer.Option(None, "--fsdp2-copies/--no-fsdp2-copies", help=
                                  "copy-out and reduce-scatter copy-in on the compute stream for fully sharded "
                                  "layouts (fsdp.copies in --explain; docs/residuals.md) [default: the --stack's: "
                                  "on for stacks that run fully_shard, such as torchtitan; else off].")
+Fp8AmaxSyncOption = typer.Option(None, "--fp8-amax-sync", metavar="SIGMA|recorded", help="FP8 delayed scaling's "
+                                 "amax all-reduce spans the data-parallel replicas: the pipeline waits for the "
+                                 "slowest of dp at each one, replica times spreading by SIGMA (e.g. 2%; `recorded`: "
+                                 "the recorded fit); sync.fp8-amax (docs/dp-scaling.md) [default: off].")
+DpOverlapWindowOption = typer.Option("micro-batch", "--dp-overlap-window", help="What an interleaved pipeline's "
+                                     "data-parallel reduction hides behind: micro-batch (one micro-batch's backward "
+                                     "of the stage) or chunks (each model chunk behind the chunks after it; "
+                                     "docs/dp-scaling.md) [default: micro-batch].")

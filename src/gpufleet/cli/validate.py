@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli._workload_flags import (
+    DpOverlapWindowOption,
+    Fp8AmaxSyncOption,
     Fsdp2CopiesOption,
     OverlapContentionOption,
     StragglerScopeOption,
@@ -17,7 +19,7 @@ from gpufleet.cli._workload_flags import (
 )
 from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
-from gpufleet.planner.model_terms import parse_model_terms
+from gpufleet.planner.model_terms import parse_dp_scaling_terms, parse_model_terms
 
 if TYPE_CHECKING:
     from gpufleet.planner.ranking import GroupRanking
@@ -129,6 +131,8 @@ def register(app: typer.Typer) -> None:
         straggler_scope: str = StragglerScopeOption,
         overlap_contention: str | None = OverlapContentionOption,
         fsdp2_copies: bool | None = Fsdp2CopiesOption,
+        fp8_amax_sync: str | None = Fp8AmaxSyncOption,
+        dp_overlap_window: str = DpOverlapWindowOption,
         catalog: list[Path] = CatalogOption,
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
@@ -146,12 +150,13 @@ def register(app: typer.Typer) -> None:
         """
         from gpufleet.planner.validate_request import ValidateRequest, validate_runs
 
-        out = Output(json)
-        terms = parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
+        out, terms = Output(json), parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
+        amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
         request = ValidateRequest(runs=tuple(runs) if runs else None, cross_validate=cross_validate, rank=rank,
                                   node=node, dp_overlap=dp_overlap, straggler_sigma=terms.straggler_sigma,
                                   straggler_scope=terms.straggler_scope, overlap_slowdown=terms.overlap_slowdown,
-                                  fsdp2_copies=terms.fsdp2_copies)
+                                  fsdp2_copies=terms.fsdp2_copies, fp8_amax_sync_sigma=amax_sigma,
+                                  dp_overlap_window=window)
         _check_outputs(plot, html_report)
         report = validate_runs(request, open_catalog(with_calibration(catalog, calibration)))
         _write_figures(report, plot, html_report)

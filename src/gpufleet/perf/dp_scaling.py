@@ -1,4 +1,6 @@
-"""What a step loses waiting for the slowest of its GPUs: a cost that grows with dp (docs/dp-scaling.md).
+"""Costs of a step that grow with dp (docs/dp-scaling.md): waiting for the slowest of its GPUs (`straggler_fraction`),
+for the slowest data-parallel replica at each FP8 amax all-reduce (`amax_sync_fraction`), and what an interleaved
+pipeline's data-parallel reduction leaves exposed (`interleaved_exposed_s`). All three are off by default.
 
 Identical GPUs are not equally fast. Sinha et al. ("Not All GPUs Are Created Equal", SC22, arXiv 2208.11035)
 ran the same kernels on more than 90 % of the GPUs of five clusters (V100, MI60) and found an average
@@ -93,3 +95,65 @@ def straggler_s(critical_path_s: float, gpus: int, sigma: float, already_paced: 
     compute, in-line communication and bubble: all of it runs at the pace of the slowest GPU) is
     `critical_path_s` (`straggler_fraction` for `already_paced`)."""
     return critical_path_s * straggler_fraction(gpus, sigma, already_paced)
+
+
+def amax_sync_fraction(dp: int, sigma: float) -> float:
+    """Share by which FP8 delayed scaling's amax all-reduce over the data-parallel replicas lengthens the pipeline.
+
+    Transformer Engine's DelayedScaling(reduce_amax=True) all-reduces the amax history of every FP8 module at each
+    exit of `fp8_autocast`, and Megatron-Core wraps each model chunk's forward in one, with the amax-reduction group
+    tp x dp x cp (`parallel_state.get_amax_reduction_group(with_context_parallel=True)`, `tp_only_amax_red` False by
+    default; NeMo's later performance scripts set it True). The all-reduce is blocking, so every micro-batch's chunk
+    forward becomes a meeting point of all `dp` replicas of that pipeline stage: each interval between two meetings
+    ends when the slowest replica arrives. If each replica's time over an interval scatters independently with
+    relative spread `sigma`, the pipeline runs at the pace of the slowest of `dp` over every interval:
+
+        amax_sync_s = pipeline_s * sigma * e(dp)
+
+    (the sum of interval x sigma x e(dp) over the intervals is the whole pipeline x sigma x e(dp)). Without the
+    dp-spanning reduction (BF16, tp-only amax reduction, current scaling) the replicas meet once per step, at the
+    gradient reduction, where the spread of a whole step, sigma / sqrt(intervals), is what waits: this term leaves
+    that to `straggler_fraction`. The tiny all-reduce's own latency (2 log2(dp) network steps, 20-70 us per
+    chunk forward) is not charged here: about 1 % of a step at most on the runs in docs/dp-scaling.md.
+    """
+    if dp < 1:
+        raise InputError(f"amax_sync_fraction needs dp >= 1, got {dp}")
+    if sigma < 0:
+        raise InputError(f"amax_sync_fraction needs sigma >= 0, got {sigma}")
+    if sigma == 0 or dp == 1:
+        return 0.0
+    return sigma * expected_max_normal(dp)
+
+
+def amax_sync_s(pipeline_s: float, dp: int, sigma: float) -> float:
+    """Seconds the FP8 amax all-reduce's meetings of `dp` replicas add to a pipeline of `pipeline_s` seconds
+    (`amax_sync_fraction`)."""
+    return pipeline_s * amax_sync_fraction(dp, sigma)
+
+
+def interleaved_exposed_s(comm_s: float, window_s: float, granules: int, vpp: int, group_micro_batches: int) -> float:
+    """Exposed seconds of a step's data-parallel reduction (or parameter gather) under an interleaved pipeline.
+
+    `comm_s` is the stage's whole collective, `window_s` one micro-batch's backward (forward) over the whole stage,
+    `granules` the stage's layers. With vpp model chunks per stage, Megatron-Core's overlapped DDP launches a chunk's
+    buckets once that chunk's last micro-batch has passed, and the interleaved 1F1B schedule ends with the last
+    `group_micro_batches` (= min(pp, micro-batches)) micro-batches going through the chunks one after the other, last
+    chunk first: chunk vpp-1-j is ready j groups into that tail, so the reductions of every chunk but the first hide
+    behind the groups that follow them (one stream: each waits for the one before). What is still pending when the
+    first chunk's own last backward starts overlaps that backward, and its last bucket (one granule of that chunk)
+    never hides. Calculon (calculon-ai/calculon, llm.py) prices the same window: pp micro-batches of a chunk's
+    backward per overlappable chunk, the last chunk over its own blocks. With vpp = 1 this is
+    `comm_cost.overlap(comm_s, window_s, granules)`: one micro-batch's backward, the last granule exposed.
+    """
+    if comm_s <= 0:
+        return 0.0
+    vpp = max(vpp, 1)
+    chunk_comm_s, chunk_window_s = comm_s / vpp, window_s / vpp
+    group_s = max(group_micro_batches, 1) * chunk_window_s  # one chunk's backward over the tail's group
+    comm_end_s = 0.0  # from the start of the tail; chunk vpp-1-j is ready when its group ends, (j + 1) groups in
+    for j in range(vpp - 1):
+        comm_end_s = max(comm_end_s, (j + 1) * group_s) + chunk_comm_s
+    last_backward_s = vpp * group_s - chunk_window_s  # the first chunk's last micro-batch starts its backward
+    pending_s = max(0.0, comm_end_s - last_backward_s)
+    chunk_granules = max(granules // vpp, 1)
+    return max(pending_s + chunk_comm_s - chunk_window_s, chunk_comm_s / chunk_granules)

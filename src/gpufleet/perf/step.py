@@ -21,7 +21,7 @@ from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.comm_cost import chunked_s as _chunked_s
 from gpufleet.perf.comm_cost import overlap as _overlap
 from gpufleet.perf.compute import ACTIVATION_BYTES, CROSS_ENTROPY_BYTES_PER_LOGIT, logits_compute_s
-from gpufleet.perf.dp_scaling import straggler_s
+from gpufleet.perf.dp_scaling import amax_sync_s, interleaved_exposed_s, straggler_s
 from gpufleet.perf.fsdp_overheads import fsdp2_copy_s
 from gpufleet.perf.layer_comm import (
     ExpertParallelComm,
@@ -64,6 +64,11 @@ class StepOptions:
     #: 40 fused or PyTorch's)
     loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
+    #: what an interleaved pipeline's data-parallel reduction and gather (DDP, distributed optimizer) hide behind:
+    #: "micro-batch": one micro-batch's backward (forward) of the stage, the last layer exposed (the default);
+    #: "chunks": each model chunk's buckets behind the chunks after it (Megatron-Core launches a chunk's buckets after
+    #: its last micro-batch; Calculon's window; perf/dp_scaling.py interleaved_exposed_s; docs/dp-scaling.md)
+    dp_overlap_window: Literal["micro-batch", "chunks"] = "micro-batch"
     #: slowest expert rank / mean under top-k routing (a judgement: catalog data/judgements.yaml)
     ep_imbalance: float = field(default_factory=lambda: judgements().ep_imbalance)
     #: data loading, logging, launch gaps per step (a judgement: catalog data/judgements.yaml)
@@ -87,6 +92,11 @@ class StepOptions:
     #: what dp adds over one replica of tp*pp*cp GPUs
     straggler_sigma: float = 0.0
     straggler_scope: Literal["job", "replicas"] = "job"
+    #: FP8 delayed scaling's amax all-reduce spans the data-parallel replicas (Megatron-Core's default amax group
+    #: tp x dp x cp) and each replica's time between two of them scatters by this relative spread: the pipeline waits
+    #: for the slowest of dp replicas at every chunk forward (perf/dp_scaling.py: amax_sync_fraction; the recorded
+    #: value is judgements' fp8_amax_sync_sigma, off by default: docs/dp-scaling.md); 0: off; FP8 jobs only
+    fp8_amax_sync_sigma: float = 0.0
     #: FSDP2's all-gather copy-out and reduce-scatter copy-in on the compute stream (perf/fsdp_overheads.py); for
     #: fully sharded layouts of stacks that run PyTorch's fully_shard; off: FSDP1, Megatron's buffers
     fsdp2_copies: bool = False
@@ -210,8 +220,13 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
     total = reduce_s + gather_s
     if not options.dp_overlap:
         return _DataParallelComm(total, total, link)
-    reduce_exposed, _ = _overlap(reduce_s, backward_window, granules)
-    gather_exposed, _ = _overlap(gather_s, forward_window, granules)
+    # "chunks": under an interleaved pipeline every model chunk but the first hides behind the chunks after it
+    # (perf/dp_scaling.py: interleaved_exposed_s; with vpp 1, or "micro-batch": one micro-batch's window, the last
+    # granule exposed)
+    vpp = layout.vpp if options.dp_overlap_window == "chunks" else 1
+    group = min(layout.pp, micro_batches)
+    reduce_exposed = interleaved_exposed_s(reduce_s, backward_window, granules, vpp, group)
+    gather_exposed = interleaved_exposed_s(gather_s, forward_window, granules, vpp, group)
     return _DataParallelComm(reduce_exposed + gather_exposed, total, link)
 
 
@@ -237,6 +252,14 @@ def _stragglers_s(ctx: StepContext, pipeline_s: float) -> float:
                        layout.gpus // layout.dp if options.straggler_scope == "replicas" else 1)
 
 
+def _amax_sync_s(ctx: StepContext, pipeline_s: float) -> float:
+    """FP8 amax all-reduce meetings of the data-parallel replicas (perf/dp_scaling.py; off unless
+    StepOptions.fp8_amax_sync_sigma > 0 and the job runs FP8 GEMMs)."""
+    if ctx.job.precision != "fp8":
+        return 0.0
+    return amax_sync_s(pipeline_s, ctx.layout.dp, ctx.options.fp8_amax_sync_sigma)
+
+
 def _fsdp2_copies_s(ctx: StepContext, params: _StageParams) -> float:
     """FSDP2's copies around its collectives on the compute stream (perf/fsdp_overheads.py), for fully sharded
     layouts of stacks that run PyTorch's fully_shard (StepOptions.fsdp2_copies)."""
@@ -249,11 +272,14 @@ def _fsdp2_copies_s(ctx: StepContext, params: _StageParams) -> float:
                         hbm_fraction=ctx.calibration.hbm_fraction)
 
 
-def _per_step_parts(ctx: StepContext, sync_s: float, fsdp_copy_s: float) -> dict[str, Part]:
-    """The --explain parts of the per-step terms that are on (waiting for the slowest GPU, FSDP2's copies)."""
+def _per_step_parts(ctx: StepContext, sync_s: float, fsdp_copy_s: float, amax_s: float = 0.0) -> dict[str, Part]:
+    """The --explain parts of the per-step terms that are on (waiting for the slowest GPU, for the slowest replica
+    at FP8 amax reductions, FSDP2's copies)."""
     parts: dict[str, Part] = {}
     if sync_s:
         parts["sync.stragglers"] = Part(sync_s, 0.0, f"slowest of {ctx.layout.gpus} GPUs")
+    if amax_s:
+        parts["sync.fp8-amax"] = Part(amax_s, 0.0, f"slowest of {ctx.layout.dp} replicas at each FP8 amax all-reduce")
     if fsdp_copy_s:
         parts["fsdp.copies"] = Part(fsdp_copy_s, 0.0, "FSDP2 copy-out / reduce-scatter copy-in over HBM")
     return parts
@@ -333,11 +359,13 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                         grad_wire_bytes=ctx.options.memory.reduced_grad_bytes(job.precision))
     optimizer_s = _optimizer_s(layout, cluster, calibration, params)
     sync_s, fsdp_copy_s = _stragglers_s(ctx, schedule.pipeline_s), _fsdp2_copies_s(ctx, params)
-    step_s = schedule.pipeline_s + dp.exposed_s + optimizer_s + ctx.options.step_overhead_s + sync_s + fsdp_copy_s
+    amax_s = _amax_sync_s(ctx, schedule.pipeline_s)
+    step_s = (schedule.pipeline_s + dp.exposed_s + optimizer_s + ctx.options.step_overhead_s + sync_s + fsdp_copy_s
+              + amax_s)
 
     # --- the parts for --explain ----------------------------------------------------------------
     compute = compute_parts(ctx, layers, logits_flops)
-    comm = comm_parts(ctx, tp, cp, ep, host, offload, schedule, dp) | _per_step_parts(ctx, sync_s, fsdp_copy_s)
+    comm = comm_parts(ctx, tp, cp, ep, host, offload, schedule, dp) | _per_step_parts(ctx, sync_s, fsdp_copy_s, amax_s)
     parts = step_parts(ctx, compute, logits_s, comm, optimizer_s, schedule)
     step_s += _add_contention(ctx, parts)
     return StepEstimate(

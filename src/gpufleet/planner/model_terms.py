@@ -1,7 +1,8 @@
 """The step model's optional terms as `plan` and `validate` turn them on: waiting for the slowest GPU
 (perf/dp_scaling.py, docs/dp-scaling.md), compute slowed under hidden collectives (perf/overlap_contention.py,
-docs/residuals.md) and FSDP2's copies on the compute stream (perf/fsdp_overheads.py). All off by default except
-FSDP2's copies, which the stack decides (catalog/data/stacks.yaml) unless the user overrides it."""
+docs/residuals.md), FSDP2's copies on the compute stream (perf/fsdp_overheads.py), and (validate only) FP8 amax
+synchronisation and the interleaved data-parallel overlap window (perf/dp_scaling.py, docs/dp-scaling.md). All off
+by default except FSDP2's copies, which the stack decides (catalog/data/stacks.yaml) unless the user overrides it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from gpufleet.units import parse_fraction
 
 StragglerScope = Literal["job", "replicas"]
 STRAGGLER_SCOPES: tuple[StragglerScope, ...] = ("job", "replicas")
+DpOverlapWindow = Literal["micro-batch", "chunks"]
+DP_OVERLAP_WINDOWS: tuple[DpOverlapWindow, ...] = ("micro-batch", "chunks")
+#: `--fp8-amax-sync recorded`: the recorded constant fit (catalog/data/fits.yaml fp8-amax-sync-sigma).
+RECORDED = "recorded"
 #: The largest per-GPU speed spread accepted (judgement: 13x the sourced 1.5 %, dp_scaling.GPU_SPEED_SIGMA; at 20 %
 #: a normal speed model already puts GPUs at zero speed 5 sigma below the median, so a larger value is a typo such
 #: as 2 for 2 %).
@@ -31,11 +36,14 @@ class ModelTerms:
     straggler_scope: StragglerScope = "job"
     overlap_slowdown: float = 0.0
     fsdp2_copies: bool | None = None  # None: the stack's setting
+    fp8_amax_sync_sigma: float = 0.0  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md); validate only
+    dp_overlap_window: DpOverlapWindow = "micro-batch"  # perf/dp_scaling.py interleaved_exposed_s; validate only
 
     def apply(self, options: StepOptions) -> StepOptions:
         copies = options.fsdp2_copies if self.fsdp2_copies is None else self.fsdp2_copies
         return replace(options, straggler_sigma=self.straggler_sigma, straggler_scope=self.straggler_scope,
-                       overlap_slowdown=self.overlap_slowdown, fsdp2_copies=copies)
+                       overlap_slowdown=self.overlap_slowdown, fsdp2_copies=copies,
+                       fp8_amax_sync_sigma=self.fp8_amax_sync_sigma, dp_overlap_window=self.dp_overlap_window)
 
 
 def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_contention: str | None,
@@ -51,3 +59,19 @@ def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_cont
     else:
         slowdown = parse_fraction(overlap_contention, "--overlap-contention (or 'measured')")
     return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies)
+
+
+def parse_dp_scaling_terms(fp8_amax_sync: str | None, dp_overlap_window: str) -> tuple[float, DpOverlapWindow]:
+    """`validate`'s --fp8-amax-sync (a spread, or `recorded`) and --dp-overlap-window, checked: one line naming the
+    flag when one is wrong."""
+    if dp_overlap_window not in DP_OVERLAP_WINDOWS:
+        raise InputError(f"--dp-overlap-window must be micro-batch or chunks, got {dp_overlap_window!r}")
+    if fp8_amax_sync is None:
+        sigma = 0.0
+    elif fp8_amax_sync.strip().lower() == RECORDED:
+        from gpufleet.catalog.judgements import judgements
+
+        sigma = judgements().fp8_amax_sync_sigma
+    else:
+        sigma = parse_fraction(fp8_amax_sync, "--fp8-amax-sync (or 'recorded')", most=MAX_STRAGGLER_SIGMA)
+    return sigma, cast(DpOverlapWindow, dp_overlap_window)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
-from gpufleet.planner.model_terms import ModelTerms, StragglerScope
+from gpufleet.planner.model_terms import DpOverlapWindow, ModelTerms, StragglerScope
 from gpufleet.planner.published_runs import PublishedRun
 from gpufleet.planner.validate import RunPrediction, Summary
 from gpufleet.request import Request
@@ -37,6 +37,8 @@ class ValidateRequest(Request):
     straggler_scope: StragglerScope = "job"
     overlap_slowdown: float = 0.0
     fsdp2_copies: bool | None = None
+    fp8_amax_sync_sigma: float = Field(default=0.0, ge=0.0, le=0.2)
+    dp_overlap_window: DpOverlapWindow = "micro-batch"
 
     @model_validator(mode="after")
     def _refits_take_the_stacks_copies(self) -> ValidateRequest:
@@ -47,7 +49,8 @@ class ValidateRequest(Request):
 
     @property
     def terms(self) -> ModelTerms:
-        return ModelTerms(self.straggler_sigma, self.straggler_scope, self.overlap_slowdown, self.fsdp2_copies)
+        return ModelTerms(self.straggler_sigma, self.straggler_scope, self.overlap_slowdown, self.fsdp2_copies,
+                          self.fp8_amax_sync_sigma, self.dp_overlap_window)
 
 
 @dataclass
@@ -113,7 +116,9 @@ def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
                             "options": {"straggler_sigma": terms.straggler_sigma,
                                         "straggler_scope": terms.straggler_scope,
                                         "overlap_slowdown": terms.overlap_slowdown,
-                                        "fsdp2_copies": terms.fsdp2_copies}}
+                                        "fsdp2_copies": terms.fsdp2_copies,
+                                        "fp8_amax_sync_sigma": terms.fp8_amax_sync_sigma,
+                                        "dp_overlap_window": terms.dp_overlap_window}}
     if not request.runs:
         data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
     if request.cross_validate:

@@ -1,0 +1,133 @@
+"""FP8 amax synchronisation (perf/dp_scaling.py: amax_sync_fraction): the wait for the slowest data-parallel replica
+at each FP8 amax all-reduce, by hand, its invariants, its place in a step, and the held-out weak-scaling series
+(catalog/runs/dp_scaling_public.yaml) it was chosen on."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clirun import one_error_line, run_gpufleet
+from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.registry import load_catalog
+from gpufleet.errors import InputError
+from gpufleet.fabric.topology import Cluster, Fabric
+from gpufleet.parallel.layout import Layout
+from gpufleet.perf.dp_scaling import amax_sync_fraction, amax_sync_s
+from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.planner.published_runs import fitted_run_paths, load_runs
+from gpufleet.planner.validate import predict_run
+from gpufleet.workload.job import Job
+
+CATALOG = load_catalog()
+H100 = CATALOG.gpu("h100-sxm")
+CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
+PUBLIC = Path(__file__).resolve().parent.parent / "src/gpufleet/catalog/runs/dp_scaling_public.yaml"
+
+
+def test_amax_sync_seconds_by_hand() -> None:
+    # A 10 s pipeline, 2 replicas at 2 % spread: the slower of two standard normals is 1/sqrt(pi) = 0.5642 above the
+    # mean, so each interval waits 2 % x 0.5642 = 1.128 % of itself: 10 s x 0.01128 = 0.1128 s.
+    assert math.isclose(amax_sync_s(10.0, 2, 0.02), 0.11284, rel_tol=1e-4)
+    # 3 replicas: E[max of 3] = 3 / (2 sqrt(pi)) = 0.8463 -> 10 s x 0.02 x 0.8463 = 0.1693 s.
+    assert math.isclose(amax_sync_s(10.0, 3, 0.02), 0.16926, rel_tol=1e-4)
+    assert amax_sync_s(10.0, 1, 0.02) == 0.0  # one replica meets nobody
+    assert amax_sync_s(10.0, 64, 0.0) == 0.0  # off
+
+
+def test_bad_dp_and_spread_are_refused() -> None:
+    with pytest.raises(InputError, match="dp >= 1"):
+        amax_sync_fraction(0, 0.02)
+    with pytest.raises(InputError, match="sigma >= 0"):
+        amax_sync_fraction(8, -0.01)
+
+
+@settings(deadline=None)  # expected_max_normal integrates once per dp, then caches: the first call is slow
+@given(st.integers(1, 4096), st.floats(0.0, 0.2))
+def test_the_share_grows_with_dp_and_stays_under_its_bound(dp: int, sigma: float) -> None:
+    fewer, more = amax_sync_fraction(dp, sigma), amax_sync_fraction(dp + 1, sigma)
+    assert 0.0 <= fewer <= more + 1e-12
+    assert more <= sigma * math.sqrt(2 * math.log(dp + 1)) + 1e-12  # E[max of n standard normals] <= sqrt(2 ln n)
+
+
+def _gpt3_step(dp: int, precision: str, sigma: float):
+    # GPT-3 175B, tp4 pp8 vpp12, 64 micro-batches of 1 per pipeline at every dp (fixed work per replica)
+    job = Job(CATALOG.model("gpt3-175b"), tokens=1e12, seq_len=2048, global_batch=64 * dp, precision=precision)
+    # plain DDP (sharding none): the optimizer step does not shrink with dp, so only what dp adds moves the step
+    layout = Layout(tp=4, pp=8, vpp=12, dp=dp, micro_batch=1, sequence_parallel=True, sharding="none")
+    cluster = Cluster(H100, CATALOG.node("dgx-h100"), 32 * dp, Fabric(CATALOG.network("ndr400")))
+    return estimate_step(job, layout, cluster, CAL, StepOptions(fp8_amax_sync_sigma=sigma))
+
+
+def test_the_step_adds_sigma_times_the_expected_slowest_replica_of_the_pipeline() -> None:
+    sigma = judgements().fp8_amax_sync_sigma
+    off, on = _gpt3_step(4, "fp8", 0.0), _gpt3_step(4, "fp8", sigma)
+    assert "sync.fp8-amax" not in off.parts
+    # e(4) = 1.0294 (the expected maximum of four standard normals): the term is pipeline x sigma x 1.0294
+    expected = off.pipeline_s * sigma * 1.029375
+    assert math.isclose(on.parts["sync.fp8-amax"].exposed_s, expected, rel_tol=1e-5)
+    assert math.isclose(on.step_s - off.step_s, expected, rel_tol=1e-5)
+    # BF16 GEMMs: no amax to reduce, nothing added
+    assert _gpt3_step(4, "bf16", sigma).step_s == _gpt3_step(4, "bf16", 0.0).step_s
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 6))
+def test_tokens_per_gpu_do_not_rise_with_dp_at_fixed_work_per_replica_and_fall_boundedly(doublings: int) -> None:
+    sigma = judgements().fp8_amax_sync_sigma
+    small, large = _gpt3_step(2 ** (doublings - 1), "fp8", sigma), _gpt3_step(2 ** doublings, "fp8", sigma)
+    assert large.tokens_per_s_per_gpu <= small.tokens_per_s_per_gpu
+    # bounded: one doubling costs at most sigma x sqrt(2 ln 2dp) of the pipeline plus the DP collective's growth,
+    # far under 10 % (the step is ~5.6 s, the DP reduction ~0.3 s)
+    assert large.tokens_per_s_per_gpu >= 0.9 * small.tokens_per_s_per_gpu
+
+
+def test_held_out_fp8_series_fall_with_dp_as_measured_once_the_term_is_on() -> None:
+    # The DGX Cloud FP8 weak-scaling series (held out of every calibration fit): measured tokens/s per GPU fall from
+    # the smallest to the largest comparable dp by 5.6 % (GPT-3 175B, dp 4 -> 64) and 8.0 % (Nemotron-4 340B,
+    # dp 4 -> 32; at dp 2 the memory model fills full recompute); with the term on the predicted fall is steeper
+    # than with it off and at least half the measured one. (Llama 3.1 405B's 9.0 % fall, dp 4 -> 16, mostly in its
+    # last step, is not: the term gives 2.0 %; docs/dp-scaling.md.)
+    runs = {run.id: run for run in load_runs(PUBLIC)}
+    on = StepOptions(fp8_amax_sync_sigma=judgements().fp8_amax_sync_sigma)
+    for first, last in (("dgxc-gpt3-fp8-128gpu", "dgxc-gpt3-fp8-2048gpu"),
+                        ("dgxc-nemotron-fp8-256gpu", "dgxc-nemotron-fp8-2048gpu")):
+        measured = runs[last].target.tokens_per_s_per_gpu / runs[first].target.tokens_per_s_per_gpu
+        off_ratio, on_ratio = (
+            (predict_run(runs[last], CATALOG, options).predicted_tokens_per_s_per_gpu or math.nan)
+            / (predict_run(runs[first], CATALOG, options).predicted_tokens_per_s_per_gpu or math.nan)
+            for options in (StepOptions(), on))
+        assert on_ratio < off_ratio < 1.0
+        assert 1 - on_ratio >= 0.5 * (1 - measured)
+
+
+def test_the_held_out_file_is_in_no_fit() -> None:
+    # dp_scaling_public.yaml is held out: validate's default files and the fits' runs do not include it
+    assert PUBLIC not in fitted_run_paths()
+    fitted_ids = {run.id for path in fitted_run_paths() for run in load_runs(path)}
+    assert not fitted_ids & {run.id for run in load_runs(PUBLIC)}
+
+
+def test_validate_turns_the_dp_scaling_terms_on_and_says_so() -> None:
+    path = str(PUBLIC)
+    off = run_gpufleet("validate", "--json", "--runs", path)
+    on = run_gpufleet("validate", "--json", "--runs", path, "--fp8-amax-sync", "recorded", "--dp-overlap-window",
+                      "chunks")
+    assert off.returncode == 0 and on.returncode == 0, on.stderr
+    before, after = json.loads(off.stdout), json.loads(on.stdout)
+    assert after["options"]["fp8_amax_sync_sigma"] == judgements().fp8_amax_sync_sigma
+    assert after["options"]["dp_overlap_window"] == "chunks"
+    by_id = {run["id"]: run["predicted_tokens_per_s_per_gpu"] for run in after["runs"]}
+    was = {run["id"]: run["predicted_tokens_per_s_per_gpu"] for run in before["runs"]}
+    # the strong-scaling end point hides its interleaved reduction (faster); FP8 runs wait at amax meetings
+    assert by_id["mcore-h100-strong-177b-4608gpu"] > was["mcore-h100-strong-177b-4608gpu"]
+    assert by_id["dgxc-gpt3-fp8-2048gpu"] < was["dgxc-gpt3-fp8-2048gpu"]
+    for flags in (("--fp8-amax-sync", "50%"), ("--fp8-amax-sync", "lots"), ("--dp-overlap-window", "layers")):
+        line = one_error_line(run_gpufleet("validate", "--runs", path, *flags))
+        assert flags[0] in line
