@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.errors import GpufleetError
@@ -452,3 +453,38 @@ def test_regression_guard_automodel() -> None:
     assert _options(torchtitan).memory.selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
     assert _options(torchtitan).loss_bytes_per_logit == 40.0  # PyTorch's cross_entropy on upcast logits
     assert deepseek.memory.selective_policy == "attention"  # Megatron-style unless a recipe says otherwise
+
+
+def test_a_runs_own_moe_settings_win_over_its_stacks() -> None:
+    # Megatron-Bridge's performance configs set the expert all-to-all overlap and the flex dispatcher per model and
+    # GPU (26.02: QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 moe_a2a_overlap=True; the GB200 presets
+    # moe_flex_dispatcher_backend='hybridep'), not per stack: a run file says which it ran, with that config as source,
+    # and only that run gets it.
+    runs = {run.id: run for run in load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))}
+    h100, gb200 = runs["mbridge-2602-h100-qwen3-235b-a22b-256gpu"], runs["mbridge-2602-gb200-qwen3-235b-a22b-256gpu"]
+    assert h100.moe_settings is not None and "moe_a2a_overlap=True" in h100.moe_settings.source
+    assert _options(h100).ep_comm_overlap and _options(h100).ep_dispatch == "all-to-all"
+    assert not _options(gb200).ep_comm_overlap and _options(gb200).ep_dispatch == "dedup"
+    bare = h100.model_copy(update={"moe_settings": None})
+    assert not _options(bare).ep_comm_overlap  # the stack's setting (Megatron-Bridge: off) without the run's word
+    # the overlap hides expert all-to-all time under another micro-batch's compute: the step gets shorter
+    catalog = load_catalog()
+    overlapped, serial = predict_run(h100, catalog), predict_run(bare, catalog)
+    assert overlapped.step is not None and serial.step is not None
+    assert overlapped.step.parts["comm.ep"].hidden_s > 0 == serial.step.parts["comm.ep"].hidden_s
+    assert overlapped.step.step_s < serial.step.step_s
+
+
+def test_moe_settings_need_a_source(tmp_path: Path) -> None:
+    run = load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))[0].model_dump()
+    run["moe_settings"] = {"ep_overlap": True}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([run]))
+    with pytest.raises(GpufleetError, match="source"):
+        load_runs(path)
+
+
+def test_automodel_benchmarks_route_through_a_balanced_gate() -> None:
+    # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler
+    run = load_runs(shipped_runs_path("automodel_fitted.yaml"))[0]
+    assert run.stack == "nemo-automodel" and _options(run).ep_imbalance == 1.0
