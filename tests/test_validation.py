@@ -90,7 +90,8 @@ def test_regression_guard_published_accuracy(published: Summary,
     assert max(others) <= 0.25
     outlier = published_predictions[SMALL_EXPERT_DROPLESS_RUN]
     assert outlier.layout is not None and outlier.layout.recompute == "full" and outlier.layout.sharding == "zero1"
-    assert outlier.error is not None and 0.3 < outlier.error < 1.1
+    # (+31 % before the fits were refitted on the runs' own MoE settings, docs/moe.md; +28 % since)
+    assert outlier.error is not None and 0.2 < outlier.error < 1.1
     # the published layouts the memory model rejects are counted, not hidden by a tolerance
     assert published.memory_rejected == ("deepseek-v3-2048xh800", "mpt-30b-a100-8gpu-s2048-bf16")
     assert published.as_dict()["memory_rejected"] == {"runs": 2, "ids": list(published.memory_rejected)}
@@ -488,3 +489,19 @@ def test_automodel_benchmarks_route_through_a_balanced_gate() -> None:
     # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler
     run = load_runs(shipped_runs_path("automodel_fitted.yaml"))[0]
     assert run.stack == "nemo-automodel" and _options(run).ep_imbalance == 1.0
+
+
+def test_regression_guard_megatron_bridge_2604_moe_holdout() -> None:
+    # Held out (in no fit's set): the seven MoE rows of Megatron-Bridge's 26.04 container whose models the catalog has,
+    # added after the MoE run settings were fitted (docs/moe.md). When first scored: H100 Qwen3-30B-A3B and 235B-A22B
+    # -1.0 / +2.0 % (-29.3 / -24.8 % without the runs' moe_settings: the overlap and the once-per-destination dispatch
+    # are what closes them); the Blackwell rows (MXFP8, HybridEP, CUDA graphs) -11.5 ... -20.5 %, median 14.1 %.
+    catalog = load_catalog()
+    runs = load_runs(shipped_runs_path("megatron_bridge_2604_holdout.yaml"))
+    assert shipped_runs_path("megatron_bridge_2604_holdout.yaml") not in fitted_run_paths()
+    errors = {run.id: predict_run(run, catalog).error for run in runs}
+    assert len(errors) == 7 and all(error is not None for error in errors.values())
+    h100 = [abs(error or 0.0) for run_id, error in errors.items() if "-h100-" in run_id]
+    assert len(h100) == 2 and max(h100) <= 0.05
+    assert statistics.median(abs(error or 0.0) for error in errors.values()) <= 0.16
+    assert max(abs(error or 0.0) for error in errors.values()) <= 0.25
