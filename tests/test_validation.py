@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.errors import GpufleetError
@@ -89,7 +90,8 @@ def test_regression_guard_published_accuracy(published: Summary,
     assert max(others) <= 0.25
     outlier = published_predictions[SMALL_EXPERT_DROPLESS_RUN]
     assert outlier.layout is not None and outlier.layout.recompute == "full" and outlier.layout.sharding == "zero1"
-    assert outlier.error is not None and 0.3 < outlier.error < 1.1
+    # (+31 % before the fits were refitted on the runs' own MoE settings, docs/moe.md; +28 % since)
+    assert outlier.error is not None and 0.2 < outlier.error < 1.1
     # the published layouts the memory model rejects are counted, not hidden by a tolerance
     assert published.memory_rejected == ("deepseek-v3-2048xh800", "mpt-30b-a100-8gpu-s2048-bf16")
     assert published.as_dict()["memory_rejected"] == {"runs": 2, "ids": list(published.memory_rejected)}
@@ -456,3 +458,54 @@ def test_regression_guard_automodel() -> None:
     assert _options(torchtitan).memory.selective_policy == "op"  # llama3 presets: selective_ac_option = 'op'
     assert _options(torchtitan).loss_bytes_per_logit == 40.0  # PyTorch's cross_entropy on upcast logits
     assert deepseek.memory.selective_policy == "attention"  # Megatron-style unless a recipe says otherwise
+
+
+def test_a_runs_own_moe_settings_win_over_its_stacks() -> None:
+    # Megatron-Bridge's performance configs set the expert all-to-all overlap and the flex dispatcher per model and
+    # GPU (26.02: QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 moe_a2a_overlap=True; the GB200 presets
+    # moe_flex_dispatcher_backend='hybridep'), not per stack: a run file says which it ran, with that config as source,
+    # and only that run gets it.
+    runs = {run.id: run for run in load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))}
+    h100, gb200 = runs["mbridge-2602-h100-qwen3-235b-a22b-256gpu"], runs["mbridge-2602-gb200-qwen3-235b-a22b-256gpu"]
+    assert h100.moe_settings is not None and "moe_a2a_overlap=True" in h100.moe_settings.source
+    assert _options(h100).ep_comm_overlap and _options(h100).ep_dispatch == "all-to-all"
+    assert not _options(gb200).ep_comm_overlap and _options(gb200).ep_dispatch == "dedup"
+    bare = h100.model_copy(update={"moe_settings": None})
+    assert not _options(bare).ep_comm_overlap  # the stack's setting (Megatron-Bridge: off) without the run's word
+    # the overlap hides expert all-to-all time under another micro-batch's compute: the step gets shorter
+    catalog = load_catalog()
+    overlapped, serial = predict_run(h100, catalog), predict_run(bare, catalog)
+    assert overlapped.step is not None and serial.step is not None
+    assert overlapped.step.parts["comm.ep"].hidden_s > 0 == serial.step.parts["comm.ep"].hidden_s
+    assert overlapped.step.step_s < serial.step.step_s
+
+
+def test_moe_settings_need_a_source(tmp_path: Path) -> None:
+    run = load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))[0].model_dump()
+    run["moe_settings"] = {"ep_overlap": True}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([run]))
+    with pytest.raises(GpufleetError, match="source"):
+        load_runs(path)
+
+
+def test_automodel_benchmarks_route_through_a_balanced_gate() -> None:
+    # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler
+    run = load_runs(shipped_runs_path("automodel_fitted.yaml"))[0]
+    assert run.stack == "nemo-automodel" and _options(run).ep_imbalance == 1.0
+
+
+def test_regression_guard_megatron_bridge_2604_moe_holdout() -> None:
+    # Held out (in no fit's set): the seven MoE rows of Megatron-Bridge's 26.04 container whose models the catalog has,
+    # added after the MoE run settings were fitted (docs/moe.md). When first scored: H100 Qwen3-30B-A3B and 235B-A22B
+    # -1.0 / +2.0 % (-29.3 / -24.8 % without the runs' moe_settings: the overlap and the once-per-destination dispatch
+    # are what closes them); the Blackwell rows (MXFP8, HybridEP, CUDA graphs) -11.5 ... -20.5 %, median 14.1 %.
+    catalog = load_catalog()
+    runs = load_runs(shipped_runs_path("megatron_bridge_2604_holdout.yaml"))
+    assert shipped_runs_path("megatron_bridge_2604_holdout.yaml") not in fitted_run_paths()
+    errors = {run.id: predict_run(run, catalog).error for run in runs}
+    assert len(errors) == 7 and all(error is not None for error in errors.values())
+    h100 = [abs(error or 0.0) for run_id, error in errors.items() if "-h100-" in run_id]
+    assert len(h100) == 2 and max(h100) <= 0.05
+    assert statistics.median(abs(error or 0.0) for error in errors.values()) <= 0.16
+    assert max(abs(error or 0.0) for error in errors.values()) <= 0.25

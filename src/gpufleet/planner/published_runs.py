@@ -77,6 +77,20 @@ class RunLayout(BaseModel):
     expert_tp: int | None = Field(default=None, ge=1)
 
 
+class RunMoESettings(BaseModel):
+    """How the run's framework moved its MoE tokens, where the run's own configuration says (docs/runs.md); each
+    null field keeps its stack's setting. `source` names the configuration these come from."""
+
+    model_config = _Strict
+    #: the expert all-to-all runs while another micro-batch computes (Megatron-Core's
+    #: overlap_moe_expert_parallel_comm, DualPipe): StepOptions.ep_comm_overlap
+    ep_overlap: bool | None = None
+    #: "dedup": a token sent once per destination (Megatron-Core's flex dispatcher with DeepEP or HybridEP);
+    #: "all-to-all": once per routed expert (the alltoall dispatcher): StepOptions.ep_dispatch
+    ep_dispatch: Literal["all-to-all", "dedup"] | None = None
+    source: str = Field(min_length=1)
+
+
 class RunMeasured(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     tokens_per_s_per_gpu: float | None = None
@@ -103,6 +117,8 @@ class PublishedRun(BaseModel):
     #: fused: element-wise ops as fused kernels (Transformer Engine, Apex, torch.compile); eager: eager PyTorch,
     #: one kernel per op (torchtitan without torch.compile); null: fused
     elementwise: Literal["fused", "eager"] | None = None
+    #: the run's own MoE dispatch settings, with their source (null: its stack's)
+    moe_settings: RunMoESettings | None = None
     model: RunModel
     seq_len: int = Field(ge=1)
     global_batch: int | None = Field(default=None, ge=1)
@@ -320,10 +336,17 @@ def framework_options(stack: StackRecord | None, *, overlap_tp: bool | None = No
 
 
 def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None) -> StepOptions:
-    """`options` with the settings of the run's stack (`run_stack`), and eager element-wise kernels where the run
-    file says `elementwise: eager`."""
+    """`options` with the settings of the run's stack (`run_stack`), eager element-wise kernels where the run
+    file says `elementwise: eager`, and the run's own MoE dispatch settings (`moe_settings`) over its stack's."""
     options = stack_step_options(run_stack(run, catalog)[0], options or StepOptions())
-    return replace(options, fused_elementwise=False) if run.elementwise == "eager" else options
+    if run.elementwise == "eager":
+        options = replace(options, fused_elementwise=False)
+    moe = run.moe_settings
+    if moe is not None and moe.ep_overlap is not None:
+        options = replace(options, ep_comm_overlap=moe.ep_overlap)
+    if moe is not None and moe.ep_dispatch is not None:
+        options = replace(options, ep_dispatch=moe.ep_dispatch)
+    return options
 
 
 def stack_step_options(stack: StackRecord, options: StepOptions) -> StepOptions:
