@@ -128,3 +128,29 @@ def test_a_run_file_naming_an_unknown_stack_is_one_line_exit_2(tmp_path: Path) -
     done = run_gpufleet("validate", "--runs", str(path))
     assert done.returncode == 2
     assert "stack 'meta' is not a catalog stack; known: " in one_error_line(done)
+
+
+def test_writing_refitted_values_keeps_each_chosen_on_inside_its_own_record(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # scripts/fit_calibration.py --write once put the last fit's chosen_on under the next section (constant_fits:),
+    # where YAML read it as that section's key. The written file must parse to the same records with the new values.
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("fit_calibration", RUNS.parents[3] / "scripts" / "fit_calibration.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    fits = tmp_path / "fits.yaml"
+    fits.write_text(script.FITS_FILE.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(script, "FITS_FILE", fits)
+    before = yaml.safe_load(fits.read_text(encoding="utf-8"))
+    ids = [record["id"] for record in before["fits"]]
+    script.write_fits({fit_id: 0.5 for fit_id in ids}, {fit_id: (f"run-{n}",) for n, fit_id in enumerate(ids)})
+    after = yaml.safe_load(fits.read_text(encoding="utf-8"))
+    assert [record["id"] for record in after["fits"]] == ids
+    assert [record["chosen_on"] for record in after["fits"]] == [[f"run-{n}"] for n in range(len(ids))]
+    assert all(record["value"] == 0.5 for record in after["fits"])
+    assert after["constant_fits"] == before["constant_fits"]  # the section after the last fit is untouched
+    assert set(after) == set(before)
