@@ -785,7 +785,8 @@ def test_residuals_table_from_the_study() -> None:
 
 
 def test_residuals_frozen_host_diagnostic() -> None:
-    """--frozen-host: the MoE LOSO median, the Qwen3-30B rows' range and the worst run, as the page quotes them."""
+    """--frozen-host: the shipped MoE LOSO median (the study's) and what the diagnostic lowers it to, the Qwen3-30B
+    rows' range and the worst run, as the page quotes them."""
     import statistics
 
     rows = re.findall(r"^\s+(\S+)\s+(\S+)\s+leave-one-source-out\s+([-+][\d.]+)%", FROZEN.read_text(encoding="utf-8"),
@@ -793,17 +794,18 @@ def test_residuals_frozen_host_diagnostic() -> None:
     errors = {run_id: float(value) / 100 for run_id, _, value in rows}
     text = doc("docs/residuals.md")
     median = statistics.median(abs(e) for e in errors.values())
-    assert_quotes(text, "The MoE LOSO median then falls from **21.6 % to ", median, scale=100)
-    assert_quotes(text, "brings MoE LOSO from 21.6 %\nto ", median, scale=100)
-    assert_quotes(text, "frozen at a sourced 15 µs, MoE LOSO 21.6 → ", median, scale=100)
+    shipped_moe_loso = three(study_figures()[("fsdp2", "leave-one-source-out")])[2]
+    for marker in ("The MoE LOSO median then falls from **", "brings MoE LOSO from ",
+                   "frozen at a sourced 15 µs, MoE LOSO "):
+        assert_quotes(text, marker, shipped_moe_loso, scale=100)
+        assert_quotes(text, marker, median, nth=1, scale=100)
     qwen30 = [errors[run_id] for run_id in DROPLESS_QWEN30]
     assert_signed(text.split("The Qwen3-30B rows move to\n", 1)[1][:20], [min(qwen30), max(qwen30)])
     *_, moe = split_medians(command_json("validate")["runs"])
-    assert_quotes(text, "The MoE LOSO median then falls from **21.6 % to 15.6 %**, about the in-sample ", moe,
-                  scale=100)
+    assert_quotes(text, "The MoE LOSO median then falls from **", moe, nth=2, scale=100)  # "still above the in-sample"
     worst = min(errors, key=errors.__getitem__)
     assert_quotes(text, "and no run is worse than −", -errors[worst], scale=100)
-    assert worst.startswith("mbridge-2509") and "deepseek-v3" in worst  # "(DeepSeek-V3 in 25.09)"
+    assert worst == "automodel-h100-qwen3-30b-a3b-8gpu"  # "(NeMo AutoModel's Qwen3-30B)"
 
 
 @pytest.mark.slow
