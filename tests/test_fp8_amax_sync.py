@@ -131,3 +131,38 @@ def test_validate_turns_the_dp_scaling_terms_on_and_says_so() -> None:
     for flags in (("--fp8-amax-sync", "50%"), ("--fp8-amax-sync", "lots"), ("--dp-overlap-window", "layers")):
         line = one_error_line(run_gpufleet("validate", "--runs", path, *flags))
         assert flags[0] in line
+
+
+PINNED_70B = ("plan", "-m", "llama3-70b", "-n", "256", "--tp", "8", "--pp", "4", "--vpp", "2", "--cp", "1",
+              "--sharding", "zero1", "--micro-batch", "1", "--recompute", "none", "--top", "1", "--json")
+
+
+def _pinned_plan(*flags: str) -> dict:
+    done = run_gpufleet(*PINNED_70B, *flags)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_plan_prices_the_same_terms_as_validate() -> None:
+    # Llama 3 70B on 256 H100, tp8 pp4 vpp2 dp8: with --fp8-amax-sync 2% the pipeline waits 2 % x e(8) of itself,
+    # e(8) = 1.4236 (the expected maximum of 8 standard normals, Tippett's table); the pipeline is most of the step
+    off, on = _pinned_plan("--precision", "fp8"), _pinned_plan("--precision", "fp8", "--fp8-amax-sync", "2%")
+    before, after = off["plans"][0], on["plans"][0]
+    assert before["layout"] == after["layout"]
+    wait = after["parts"]["sync.fp8-amax"]["exposed_s"]
+    assert "sync.fp8-amax" not in before["parts"]
+    assert math.isclose(after["step_s"] - before["step_s"], wait, rel_tol=1e-6)
+    assert 0.9 * 0.02 * 1.4236 * before["step_s"] < wait < 0.02 * 1.4236 * before["step_s"]
+    assert on["framework"]["fp8_amax_sync_sigma"] == 0.02 and off["framework"]["fp8_amax_sync_sigma"] == 0.0
+    # BF16 GEMMs reduce no amax: the flag changes nothing
+    bf16 = _pinned_plan("--precision", "bf16")["plans"][0]
+    assert _pinned_plan("--precision", "bf16", "--fp8-amax-sync", "2%")["plans"][0]["step_s"] == bf16["step_s"]
+    # the interleaved window hides more of the data-parallel reduction behind the chunks after it, never less
+    chunks = _pinned_plan("--precision", "bf16", "--dp-overlap-window", "chunks")
+    assert chunks["framework"]["dp_overlap_window"] == "chunks"
+    assert chunks["plans"][0]["parts"]["comm.dp"]["exposed_s"] <= bf16["parts"]["comm.dp"]["exposed_s"]
+    text = run_gpufleet(*PINNED_70B[:-1], "--precision", "fp8", "--fp8-amax-sync", "recorded").stdout
+    assert "FP8 amax all-reduce over the replicas, sigma 2.00%" in text  # the header says what was assumed
+    for flags in (("--fp8-amax-sync", "50%"), ("--dp-overlap-window", "layers")):
+        line = one_error_line(run_gpufleet(*PINNED_70B, *flags))
+        assert flags[0] in line

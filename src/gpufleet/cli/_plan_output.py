@@ -49,6 +49,10 @@ def framework_note(request: PlanRequest) -> str | None:
                     f"{'replicas' if request.options.straggler_scope == 'replicas' else 'job'}")
     if request.options.overlap_slowdown:
         said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives")
+    if request.options.fp8_amax_sync_sigma:
+        said.append(f"FP8 amax all-reduce over the replicas, sigma {request.options.fp8_amax_sync_sigma:.2%}")
+    if request.options.dp_overlap_window == "chunks":
+        said.append("data-parallel reduction hidden behind the later model chunks")
     return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None
 
 

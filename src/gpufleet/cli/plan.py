@@ -24,11 +24,13 @@ from gpufleet.cli._layout_flags import (
 )
 from gpufleet.cli._plan_output import plan_with_spinner, render_explain, render_result, sweep_renderer
 from gpufleet.cli._workload_flags import (
+    DpOverlapWindowOption,
     DtensorTpOption,
     EagerOption,
     EpDispatchOption,
     FabricModelOption,
     FabricOption,
+    Fp8AmaxSyncOption,
     Fsdp2CopiesOption,
     GlobalBatchOption,
     GpuOption,
@@ -96,6 +98,7 @@ def plan(
     sharding: str | None = ShardingOption, recompute: str | None = RecomputeOption,
     stragglers: str | None = StragglersOption, straggler_scope: str = StragglerScopeOption,
     overlap_contention: str | None = OverlapContentionOption, fsdp2_copies: bool | None = Fsdp2CopiesOption,
+    fp8_amax_sync: str | None = Fp8AmaxSyncOption, dp_overlap_window: str = DpOverlapWindowOption,
     sites: int = SitesOption, wan_gbps: float = WanGbpsOption, wan_latency: str = WanLatencyOption,
     catalog: list[Path] = CatalogOption, calibration: Path | None = CalibrationOption, json: bool = JsonOption,
 ) -> None:
@@ -118,7 +121,8 @@ def plan(
         oversubscription=oversubscription, seq=seq, global_batch=global_batch, precision=precision, rank_by=rank_by,
         fabric_model=fabric_model, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
         ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager, stack=stack,
-        terms=parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies), overlap_dp=overlap_dp,
+        terms=parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies, fp8_amax_sync,
+                                dp_overlap_window), overlap_dp=overlap_dp,
         pins=parse_pins(tp, pp, vpp, cp, ep, etp, micro_batch, sharding, recompute))
     command = PlanCommand(workload=workload, gpus=gpus, top=top, explain=explain, budget_usd=budget,
                           deadline=deadline, sites=sites, wan_gbps=wan_gbps, wan_latency=wan_latency, plot=plot,

@@ -19,7 +19,7 @@ from gpufleet.cli._workload_flags import (
 )
 from gpufleet.cli.common import CalibrationOption, CatalogOption, JsonOption, open_catalog, with_calibration
 from gpufleet.cli.output import Output
-from gpufleet.planner.model_terms import parse_dp_scaling_terms, parse_model_terms
+from gpufleet.planner.model_terms import parse_model_terms
 
 if TYPE_CHECKING:
     from gpufleet.planner.ranking import GroupRanking
@@ -150,13 +150,13 @@ def register(app: typer.Typer) -> None:
         """
         from gpufleet.planner.validate_request import ValidateRequest, validate_runs
 
-        out, terms = Output(json), parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies)
-        amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
+        out, terms = Output(json), parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies,
+                                                     fp8_amax_sync, dp_overlap_window)
         request = ValidateRequest(runs=tuple(runs) if runs else None, cross_validate=cross_validate, rank=rank,
                                   node=node, dp_overlap=dp_overlap, straggler_sigma=terms.straggler_sigma,
                                   straggler_scope=terms.straggler_scope, overlap_slowdown=terms.overlap_slowdown,
-                                  fsdp2_copies=terms.fsdp2_copies, fp8_amax_sync_sigma=amax_sigma,
-                                  dp_overlap_window=window)
+                                  fsdp2_copies=terms.fsdp2_copies, fp8_amax_sync_sigma=terms.fp8_amax_sync_sigma,
+                                  dp_overlap_window=terms.dp_overlap_window)
         _check_outputs(plot, html_report)
         report = validate_runs(request, open_catalog(with_calibration(catalog, calibration)))
         _write_figures(report, plot, html_report)

@@ -1,6 +1,6 @@
 """The step model's optional terms as `plan` and `validate` turn them on: waiting for the slowest GPU
 (perf/dp_scaling.py, docs/dp-scaling.md), compute slowed under hidden collectives (perf/overlap_contention.py,
-docs/residuals.md), FSDP2's copies on the compute stream (perf/fsdp_overheads.py), and (validate only) FP8 amax
+docs/residuals.md), FSDP2's copies on the compute stream (perf/fsdp_overheads.py), FP8 amax
 synchronisation and the interleaved data-parallel overlap window (perf/dp_scaling.py, docs/dp-scaling.md). All off
 by default except FSDP2's copies, which the stack decides (catalog/data/stacks.yaml) unless the user overrides it."""
 
@@ -36,8 +36,8 @@ class ModelTerms:
     straggler_scope: StragglerScope = "job"
     overlap_slowdown: float = 0.0
     fsdp2_copies: bool | None = None  # None: the stack's setting
-    fp8_amax_sync_sigma: float = 0.0  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md); validate only
-    dp_overlap_window: DpOverlapWindow = "micro-batch"  # perf/dp_scaling.py interleaved_exposed_s; validate only
+    fp8_amax_sync_sigma: float = 0.0  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md)
+    dp_overlap_window: DpOverlapWindow = "micro-batch"  # perf/dp_scaling.py interleaved_exposed_s
 
     def apply(self, options: StepOptions) -> StepOptions:
         copies = options.fsdp2_copies if self.fsdp2_copies is None else self.fsdp2_copies
@@ -47,7 +47,8 @@ class ModelTerms:
 
 
 def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_contention: str | None,
-                      fsdp2_copies: bool | None) -> ModelTerms:
+                      fsdp2_copies: bool | None, fp8_amax_sync: str | None = None,
+                      dp_overlap_window: str = "micro-batch") -> ModelTerms:
     """The flags' values as given (None: not given), checked: one line naming the flag when one is wrong."""
     if straggler_scope not in STRAGGLER_SCOPES:
         raise InputError(f"--straggler-scope must be job or replicas, got {straggler_scope!r}")
@@ -58,11 +59,12 @@ def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_cont
         slowdown = OVERLAP_COMPUTE_SLOWDOWN
     else:
         slowdown = parse_fraction(overlap_contention, "--overlap-contention (or 'measured')")
-    return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies)
+    amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
+    return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies, amax_sigma, window)
 
 
 def parse_dp_scaling_terms(fp8_amax_sync: str | None, dp_overlap_window: str) -> tuple[float, DpOverlapWindow]:
-    """`validate`'s --fp8-amax-sync (a spread, or `recorded`) and --dp-overlap-window, checked: one line naming the
+    """--fp8-amax-sync (a spread, or `recorded`) and --dp-overlap-window, checked: one line naming the
     flag when one is wrong."""
     if dp_overlap_window not in DP_OVERLAP_WINDOWS:
         raise InputError(f"--dp-overlap-window must be micro-batch or chunks, got {dp_overlap_window!r}")
