@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FP8 amax-synchronisation study (docs/dp-scaling.md, perf/dp_scaling.py: amax_sync_fraction).
 
-Scores the data-parallel weak-scaling series of NVIDIA's DGX Cloud recipes (catalog/runs/dp_scaling_public.yaml,
+Scores the data-parallel weak-scaling series of NVIDIA's DGX Cloud recipes (catalog/runs/dp_scaling_holdout.yaml,
 held out of every recorded fit) with the term off and on, chooses its spread sigma on the FP8 series' ratios
 (tokens/s per GPU over the series' first run, so the level the recorded fits set cancels), scores the choice
 leaving one series out (and on FP8 series in no choice: runs not in the fit's chosen_on), and scores the shipped
@@ -32,7 +32,7 @@ from gpufleet.planner.published_runs import PublishedRun, fitted_run_paths, load
 from gpufleet.planner.validate import RunPrediction, predict_run
 
 ROOT = Path(__file__).resolve().parent.parent
-PUBLIC = ROOT / "src/gpufleet/catalog/runs/dp_scaling_public.yaml"
+PUBLIC = ROOT / "src/gpufleet/catalog/runs/dp_scaling_holdout.yaml"
 GRID = [i * 0.0025 for i in range(41)]  # 0 .. 10 %
 
 

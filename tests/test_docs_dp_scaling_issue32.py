@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_docs_live import doc
+from test_docs_live import assert_quotes, command_json, doc
 from test_docs_live_more import table_row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,3 +96,9 @@ def test_cross_validation_table() -> None:
         label = f"{window}, {float(sigma) * 100:g} %" if float(sigma) else f"{window}, 0"
         row = next(line for line in text.splitlines() if line.startswith(f"| {label}"))
         assert [cell.strip() for cell in row.strip().strip("|").split("|")][1:] == values, (row, values)
+
+
+def test_the_held_out_files_median_with_the_shipped_defaults() -> None:
+    held = command_json("validate", "--runs", "src/gpufleet/catalog/runs/dp_scaling_holdout.yaml")
+    assert_quotes(doc("docs/dp-scaling.md"), "the model's median |error| there is\n",
+                  held["summary"]["all"]["median_abs_error"], scale=100)

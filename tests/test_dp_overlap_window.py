@@ -24,7 +24,7 @@ from gpufleet.workload.job import Job
 CATALOG = load_catalog()
 H100 = CATALOG.gpu("h100-sxm")
 CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
-PUBLIC = Path(__file__).resolve().parent.parent / "src/gpufleet/catalog/runs/dp_scaling_public.yaml"
+PUBLIC = Path(__file__).resolve().parent.parent / "src/gpufleet/catalog/runs/dp_scaling_holdout.yaml"
 
 
 def test_three_chunks_by_hand() -> None:

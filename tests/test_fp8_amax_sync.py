@@ -1,6 +1,6 @@
 """FP8 amax synchronisation (perf/dp_scaling.py: amax_sync_fraction): the wait for the slowest data-parallel replica
 at each FP8 amax all-reduce, by hand, its invariants, its place in a step, and the held-out weak-scaling series
-(catalog/runs/dp_scaling_public.yaml) it was chosen on."""
+(catalog/runs/dp_scaling_holdout.yaml) it was chosen on."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from gpufleet.workload.job import Job
 CATALOG = load_catalog()
 H100 = CATALOG.gpu("h100-sxm")
 CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
-PUBLIC = Path(__file__).resolve().parent.parent / "src/gpufleet/catalog/runs/dp_scaling_public.yaml"
+PUBLIC = Path(__file__).resolve().parent.parent / "src/gpufleet/catalog/runs/dp_scaling_holdout.yaml"
 
 
 def test_amax_sync_seconds_by_hand() -> None:
@@ -108,7 +108,7 @@ def test_held_out_fp8_series_fall_with_dp_as_measured_once_the_term_is_on() -> N
 
 
 def test_the_held_out_file_is_in_no_fit() -> None:
-    # dp_scaling_public.yaml is held out: validate's default files and the fits' runs do not include it
+    # dp_scaling_holdout.yaml is held out: validate's default files and the fits' runs do not include it
     assert PUBLIC not in fitted_run_paths()
     fitted_ids = {run.id for path in fitted_run_paths() for run in load_runs(path)}
     assert not fitted_ids & {run.id for run in load_runs(PUBLIC)}

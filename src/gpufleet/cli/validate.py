@@ -232,6 +232,15 @@ def _render_summary(console: Console, report: ValidateReport) -> None:
                       f"settings (the note says which; name the release, e.g. nemo@24.12): {', '.join(unversioned)}")
 
 
+def held_out_line(held_out: dict[str, Any]) -> str:
+    """One line: the held-out files' runs (in no fit), their median |error| and their interval coverage."""
+    stats, interval = held_out["summary"]["all"], held_out["interval"]
+    coverage = "-" if interval["coverage"] is None else f"{interval['coverage']:.0%}"
+    median = "-" if stats["median_abs_error"] is None else f"{stats['median_abs_error']:.1%}"
+    return (f"held out of every calibration fit ({', '.join(held_out['files'])}): {stats['runs']} runs, "
+            f"median |error| {median}, inside their 80 % interval {coverage} ({interval['inside']}/{interval['runs']})")
+
+
 def _render(console: Console, report: ValidateReport) -> None:
     """The runs, the summary, and the cross-validation and ranking when asked."""
     _render_runs(console, report)
@@ -240,6 +249,8 @@ def _render(console: Console, report: ValidateReport) -> None:
         from gpufleet.planner.validate_request import VTRAIN_COMMAND
 
         console.print(f"vTrain's runs (A100, their own cluster) are validated apart: {VTRAIN_COMMAND}")
+    if "held_out" in report.data:
+        console.print(held_out_line(report.data["held_out"]), highlight=False)
     if report.request.cross_validate:
         _render_cross_validation(console, report.summary.all.median_abs_error, report.data["cross_validated"])
     if report.ranking is not None:

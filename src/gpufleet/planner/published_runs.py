@@ -143,6 +143,15 @@ def shipped_runs_path(name: str = "published_runs.yaml") -> Path:
 FITTED_SUFFIX = "_fitted.yaml"
 
 
+#: Shipped run files held out of every recorded fit: `validate` with no `--runs` scores them on a line of their own.
+HOLDOUT_SUFFIX = "_holdout.yaml"
+
+
+def held_out_run_paths() -> list[Path]:
+    """The shipped run files in no fit (`*_holdout.yaml`), which `validate` scores apart as its out-of-sample check."""
+    return sorted(shipped_runs_path().parent.glob(f"*{HOLDOUT_SUFFIX}"))
+
+
 def fitted_run_paths() -> list[Path]:
     """The shipped run files the recorded fits are fitted on: published_runs.yaml, then every `*_fitted.yaml`."""
     folder = shipped_runs_path().parent

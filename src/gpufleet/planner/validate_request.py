@@ -18,6 +18,7 @@ from gpufleet.planner.validate import RunPrediction, Summary
 from gpufleet.request import Request
 
 if TYPE_CHECKING:  # numpy comes with the ranking, only when --rank asks for it
+    from gpufleet.perf.step import StepOptions
     from gpufleet.planner.ranking import GroupRanking
 
 #: What `validate` prints for vTrain's runs, which are in no fit and need their own cluster file.
@@ -98,6 +99,40 @@ def load_request_runs(request: ValidateRequest, catalog: Catalog) -> list[Publis
     return loaded
 
 
+@dataclass(frozen=True)
+class HeldOutScore:
+    """The shipped runs in no fit (`*_holdout.yaml`), predicted as `validate` predicts the fitted ones: the
+    out-of-sample check a user gets without asking."""
+
+    files: tuple[str, ...]
+    summary: Summary
+    inside_interval: int  # predicted runs whose measurement lies inside their 80 % interval
+    predicted: int
+
+    def as_dict(self) -> dict[str, Any]:
+        share = self.inside_interval / self.predicted if self.predicted else None
+        return {"files": list(self.files), "summary": self.summary.as_dict(),
+                "interval": {"level": 0.8, "runs": self.predicted, "inside": self.inside_interval,
+                             "coverage": share}}
+
+
+def score_held_out(catalog: Catalog, options: StepOptions, request: ValidateRequest) -> HeldOutScore:
+    """Predict every held-out run with the request's options and intervals; summarise and count interval hits."""
+    from gpufleet.planner.intervals import IntervalTable
+    from gpufleet.planner.published_runs import held_out_run_paths
+    from gpufleet.planner.validate import attach_intervals, predict_run, summarize
+
+    paths = held_out_run_paths()
+    runs = load_request_runs(request.model_copy(update={"runs": tuple(paths)}), catalog)
+    predictions = [predict_run(run, catalog, options, node_id=request.node,
+                               fsdp2_copies=request.terms.fsdp2_copies) for run in runs]
+    attach_intervals(predictions, IntervalTable.from_record(catalog.interval_table()))
+    scored = [p for p in predictions if p.predicted_tokens_per_s_per_gpu and p.interval is not None]
+    inside = sum(p.interval.low <= p.target_tokens_per_s_per_gpu <= p.interval.high
+                 for p in scored if p.interval is not None)
+    return HeldOutScore(tuple(path.name for path in paths), summarize(predictions), inside, len(scored))
+
+
 def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
     """Predict every run with its own layout and stack, attach its interval, summarise, and (as asked)
     cross-validate the fits and score the ranking."""
@@ -121,6 +156,8 @@ def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
                                         "dp_overlap_window": terms.dp_overlap_window}}
     if not request.runs:
         data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
+        if request.node is None:  # a --node names the measured cluster of the fitted files' runs, not these
+            data["held_out"] = score_held_out(catalog, options, request).as_dict()
     if request.cross_validate:
         from gpufleet.planner.fit import cross_validate as leave_one_source_out
 
