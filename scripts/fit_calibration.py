@@ -41,8 +41,9 @@ def write_fits(values: dict[str, float], chosen_on: dict[str, tuple[str, ...]]) 
             block = re.sub(r"(?m)^    value: .*$", f"    value: {values[fit_id]!r}", block)
             block = re.sub(r"(?m)^    chosen_on: .*\n", "", block)
             # the record ends at its first line not indented under it; what follows (the next section) stays after
-            end = re.search(r"(?m)^(?!    )", block[block.index("\n") + 1:])
-            cut = block.index("\n") + 1 + (end.start() if end else len(block))
+            body = block.index("\n") + 1
+            end = re.search(r"(?m)^(?!    )", block[body:])
+            cut = body + end.start() if end else len(block)
             record, rest = block[:cut], block[cut:]
             block = record.rstrip("\n") + f"\n    chosen_on: {json.dumps(list(chosen_on[fit_id]))}\n" + \
                 ("\n" + rest.lstrip("\n") if rest.strip() else rest)

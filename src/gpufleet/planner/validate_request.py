@@ -116,36 +116,41 @@ class HeldOutScore:
                              "coverage": share}}
 
 
-def score_held_out(catalog: Catalog, options: StepOptions, request: ValidateRequest) -> HeldOutScore:
-    """Predict every held-out run with the request's options and intervals; summarise and count interval hits."""
+def predict_runs(runs: list[PublishedRun], catalog: Catalog, options: StepOptions,
+                 request: ValidateRequest) -> list[RunPrediction]:
+    """Each run predicted with its own layout and stack under `options`, with its 80 % interval attached."""
     from gpufleet.planner.intervals import IntervalTable
+    from gpufleet.planner.validate import attach_intervals, predict_run
+
+    predictions = [predict_run(run, catalog, options, node_id=request.node, fsdp2_copies=request.terms.fsdp2_copies)
+                   for run in runs]
+    attach_intervals(predictions, IntervalTable.from_record(catalog.interval_table()))
+    return predictions
+
+
+def score_held_out(catalog: Catalog, options: StepOptions, request: ValidateRequest) -> HeldOutScore:
+    """Predict every held-out run as the fitted ones are predicted; summarise and count interval hits."""
     from gpufleet.planner.published_runs import held_out_run_paths
-    from gpufleet.planner.validate import attach_intervals, predict_run, summarize
+    from gpufleet.planner.validate import summarize
 
     paths = held_out_run_paths()
     runs = load_request_runs(request.model_copy(update={"runs": tuple(paths)}), catalog)
-    predictions = [predict_run(run, catalog, options, node_id=request.node,
-                               fsdp2_copies=request.terms.fsdp2_copies) for run in runs]
-    attach_intervals(predictions, IntervalTable.from_record(catalog.interval_table()))
-    scored = [p for p in predictions if p.predicted_tokens_per_s_per_gpu and p.interval is not None]
-    inside = sum(p.interval.low <= p.target_tokens_per_s_per_gpu <= p.interval.high
-                 for p in scored if p.interval is not None)
-    return HeldOutScore(tuple(path.name for path in paths), summarize(predictions), inside, len(scored))
+    predictions = predict_runs(runs, catalog, options, request)
+    hits = [p.interval.low <= p.target_tokens_per_s_per_gpu <= p.interval.high
+            for p in predictions if p.predicted_tokens_per_s_per_gpu and p.interval is not None]
+    return HeldOutScore(tuple(path.name for path in paths), summarize(predictions), sum(hits), len(hits))
 
 
 def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
     """Predict every run with its own layout and stack, attach its interval, summarise, and (as asked)
     cross-validate the fits and score the ranking."""
     from gpufleet.perf.step import StepOptions
-    from gpufleet.planner.intervals import IntervalTable
-    from gpufleet.planner.validate import attach_intervals, predict_run, summarize
+    from gpufleet.planner.validate import summarize
 
     loaded = load_request_runs(request, catalog)
     terms = request.terms
     options = terms.apply(StepOptions(dp_overlap=request.dp_overlap))
-    predictions = [predict_run(run, catalog, options, node_id=request.node, fsdp2_copies=terms.fsdp2_copies)
-                   for run in loaded]
-    attach_intervals(predictions, IntervalTable.from_record(catalog.interval_table()))
+    predictions = predict_runs(loaded, catalog, options, request)
     summary = summarize(predictions)
     data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict(),
                             "options": {"straggler_sigma": terms.straggler_sigma,
