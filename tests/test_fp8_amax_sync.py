@@ -166,3 +166,55 @@ def test_plan_prices_the_same_terms_as_validate() -> None:
     for flags in (("--fp8-amax-sync", "50%"), ("--dp-overlap-window", "layers")):
         line = one_error_line(run_gpufleet(*PINNED_70B, *flags))
         assert flags[0] in line
+
+
+def _gpt3_fp8_step(recipe: str, group: str, sigma: float):
+    job = Job(CATALOG.model("gpt3-175b"), tokens=1e12, seq_len=2048, global_batch=64 * 8, precision="fp8")
+    layout = Layout(tp=4, pp=8, vpp=12, dp=8, micro_batch=1, sequence_parallel=True, sharding="none")
+    cluster = Cluster(H100, CATALOG.node("dgx-h100"), 32 * 8, Fabric(CATALOG.network("ndr400")))
+    options = StepOptions(fp8_amax_sync_sigma=sigma, fp8_recipe=recipe, fp8_amax_group=group)  # type: ignore[arg-type]
+    return estimate_step(job, layout, cluster, CAL, options)
+
+
+@pytest.mark.parametrize(("recipe", "group"), [("current", "tp-dp-cp"), ("mx", "tp-dp-cp"), ("blockwise", "tp-dp-cp"),
+                                               ("delayed", "tp")])
+def test_only_delayed_scaling_over_the_replicas_waits(recipe: str, group: str) -> None:
+    # Current, MX and blockwise scaling compute each scale from the tensor itself: no amax history crosses ranks.
+    # tp_only_amax_red keeps delayed scaling's all-reduce inside one replica. Neither meets the other replicas.
+    sigma = judgements().fp8_amax_sync_sigma
+    scoped, off = _gpt3_fp8_step(recipe, group, sigma), _gpt3_fp8_step(recipe, group, 0.0)
+    assert "sync.fp8-amax" not in scoped.parts and scoped.step_s == off.step_s
+    # Megatron-Core's default (delayed over tp x dp x cp) waits sigma x e(8) = 2 % x 1.4236 of the pipeline
+    delayed = _gpt3_fp8_step("delayed", "tp-dp-cp", sigma)
+    assert math.isclose(delayed.parts["sync.fp8-amax"].exposed_s, delayed.pipeline_s * sigma * 1.4236, rel_tol=1e-4)
+
+
+def test_stacks_and_runs_name_their_fp8_recipe() -> None:
+    # The stacks' recipes come from the frameworks' own defaults (stacks.yaml sources): NeMo's performance scripts
+    # use delayed scaling over Megatron-Core's group, Megatron-Bridge's tables current scaling, torchtitan torchao's
+    # tensorwise (current) scaling. A run's own fp8_settings override its stack's.
+    from gpufleet.planner.published_runs import run_step_options
+
+    runs = {run.id: run for path in fitted_run_paths() for run in load_runs(path)}
+    recipe = {run_id: (run_step_options(runs[run_id], CATALOG).fp8_recipe,
+                       run_step_options(runs[run_id], CATALOG).fp8_amax_group)
+              for run_id in ("nemo2412-gpt3-175b-512gpu", "nemo2502-b200-gpt3-175b-512gpu",
+                             "mbridge-2511-h100-llama3-70b-64gpu", "mbridge-2602-gb200-llama3-70b-64gpu",
+                             "torchtitan-8b-8gpu-fsdp-compile-fp8", "deepseek-v3-2048xh800",
+                             "mpt-3b-h100-8gpu-s2048-fp8")}
+    assert recipe == {"nemo2412-gpt3-175b-512gpu": ("delayed", "tp-dp-cp"),
+                      "nemo2502-b200-gpt3-175b-512gpu": ("delayed", "tp"),  # pretrain_gpt3_175b.py: tp_only_amax_red
+                      "mbridge-2511-h100-llama3-70b-64gpu": ("current", "tp-dp-cp"),
+                      "mbridge-2602-gb200-llama3-70b-64gpu": ("mx", "tp-dp-cp"),
+                      "torchtitan-8b-8gpu-fsdp-compile-fp8": ("current", "tp-dp-cp"),
+                      "deepseek-v3-2048xh800": ("blockwise", "tp-dp-cp"),
+                      "mpt-3b-h100-8gpu-s2048-fp8": ("delayed", "tp-dp-cp")}
+
+
+def test_plan_says_when_the_stacks_recipe_has_no_amax_wait() -> None:
+    done = run_gpufleet(*PINNED_70B[:-1], "--precision", "fp8", "--fp8-amax-sync", "2%", "--stack", "torchtitan")
+    assert done.returncode == 0, done.stderr
+    assert "FP8 amax wait (sigma 2.00%) not applied: current scaling reduces no amax history" in done.stdout
+    titan = _pinned_plan("--precision", "fp8", "--fp8-amax-sync", "2%", "--stack", "torchtitan")
+    assert titan["framework"]["fp8_recipe"] == "current"
+    assert all("sync.fp8-amax" not in plan["parts"] for plan in titan["plans"])

@@ -13,10 +13,11 @@ from gpufleet.planner.published_runs import fitted_run_paths, held_out_run_paths
 
 def test_the_held_out_files_are_in_no_calibration_fit() -> None:
     held = held_out_run_paths()
-    assert [path.name for path in held] == ["dp_scaling_holdout.yaml", "megatron_bridge_2604_holdout.yaml"]
+    assert [path.name for path in held] == ["dp_scaling_holdout.yaml", "megatron_bridge_2604_holdout.yaml",
+                                            "torchao_float8_holdout.yaml"]
     assert not set(held) & set(fitted_run_paths())
     held_ids = {run.id for path in held for run in load_runs(path)}
-    assert len(held_ids) == 47
+    assert len(held_ids) == 49
     for fit in load_catalog().fits():
         assert not held_ids & set(fit.chosen_on), fit.id
 

@@ -70,6 +70,25 @@ class SourcedPolicy(Sourced[Literal["attention", "op"]]):
     pass
 
 
+#: How an FP8 recipe scales a tensor (Megatron-Core's `fp8_recipe`): "delayed": a per-tensor scale from an amax
+#: history that Transformer Engine all-reduces over the amax group; "current": a per-tensor scale from the tensor's own
+#: amax (Transformer Engine's current scaling, torchao's tensorwise); "mx": a scale per 32-element block (MXFP8);
+#: "blockwise": a scale per 1x128 / 128x128 tile (DeepSeek-V3's fine-grained quantisation). Only "delayed" reduces an
+#: amax history across ranks.
+Fp8Recipe = Literal["delayed", "current", "mx", "blockwise"]
+#: The ranks a delayed-scaling amax history is all-reduced over: "tp-dp-cp" (Megatron-Core's default amax-reduction
+#: group, Transformer Engine's default of the whole job) or "tp" (Megatron-Core's `tp_only_amax_red`).
+Fp8AmaxGroup = Literal["tp-dp-cp", "tp"]
+
+
+class SourcedFp8Recipe(Sourced[Fp8Recipe]):
+    pass
+
+
+class SourcedFp8AmaxGroup(Sourced[Fp8AmaxGroup]):
+    pass
+
+
 class SourcedSharding(Sourced[Literal["none", "zero1", "zero2", "zero3", "fsdp", "hsdp"]]):
     pass
 
@@ -115,6 +134,9 @@ class StackSettings(BaseModel):
     logits_bytes_per_element: SourcedFloat | None = None
     loss_bytes_per_logit: SourcedFloat | None = None
     fsdp2_copies: SourcedBool | None = None
+    #: the FP8 recipe of the stack's FP8 runs, and the ranks its amax history is reduced over (delayed scaling)
+    fp8_recipe: SourcedFp8Recipe | None = None
+    fp8_amax_group: SourcedFp8AmaxGroup | None = None
     # layout defaults (fill a run's null field)
     sharding: SourcedSharding | None = None
     sequence_parallel: SourcedBool | None = None
@@ -139,7 +161,7 @@ class StackSettings(BaseModel):
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
-                 "ep_dispatch", "loss_bytes_per_logit", "fsdp2_copies")
+                 "ep_dispatch", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe", "fp8_amax_group")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.output import Output
+from gpufleet.perf.step import fp8_amax_words
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, default_batch_rule, make_plan, pipeline_warning
 from gpufleet.units import format_long_duration as _days
 
@@ -50,7 +51,7 @@ def framework_note(request: PlanRequest) -> str | None:
     if request.options.overlap_slowdown:
         said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives")
     if request.options.fp8_amax_sync_sigma:
-        said.append(f"FP8 amax all-reduce over the replicas, sigma {request.options.fp8_amax_sync_sigma:.2%}")
+        said.append(fp8_amax_words(request.options))
     if request.options.dp_overlap_window == "chunks":
         said.append("data-parallel reduction hidden behind the later model chunks")
     return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None

@@ -13,6 +13,7 @@ from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.stacks import Fp8AmaxGroup, Fp8Recipe
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -97,6 +98,11 @@ class StepOptions:
     #: for the slowest of dp replicas at every chunk forward (perf/dp_scaling.py: amax_sync_fraction; the recorded
     #: value is judgements' fp8_amax_sync_sigma, off by default: docs/dp-scaling.md); 0: off; FP8 jobs only
     fp8_amax_sync_sigma: float = 0.0
+    #: the FP8 recipe (catalog/stacks.py Fp8Recipe) and the ranks a delayed-scaling amax history is reduced over: the
+    #: amax wait above applies only to "delayed" over "tp-dp-cp". Defaults: Megatron-Core's (TransformerConfig
+    #: fp8_recipe="delayed", tp_only_amax_red=False, core_v0.16.1)
+    fp8_recipe: Fp8Recipe = "delayed"
+    fp8_amax_group: Fp8AmaxGroup = "tp-dp-cp"
     #: FSDP2's all-gather copy-out and reduce-scatter copy-in on the compute stream (perf/fsdp_overheads.py); for
     #: fully sharded layouts of stacks that run PyTorch's fully_shard; off: FSDP1, Megatron's buffers
     fsdp2_copies: bool = False
@@ -254,10 +260,19 @@ def _stragglers_s(ctx: StepContext, pipeline_s: float) -> float:
 
 def _amax_sync_s(ctx: StepContext, pipeline_s: float) -> float:
     """FP8 amax all-reduce meetings of the data-parallel replicas (perf/dp_scaling.py; off unless
-    StepOptions.fp8_amax_sync_sigma > 0 and the job runs FP8 GEMMs)."""
-    if ctx.job.precision != "fp8":
+    StepOptions.fp8_amax_sync_sigma > 0 and the job runs FP8 GEMMs under delayed scaling whose amax group spans the
+    data-parallel replicas: current, MX and blockwise scaling reduce no amax history, `tp_only_amax_red` keeps it in
+    the tensor-parallel group)."""
+    if ctx.job.precision != "fp8" or not amax_over_replicas(ctx.options):
         return 0.0
     return amax_sync_s(pipeline_s, ctx.layout.dp, ctx.options.fp8_amax_sync_sigma)
+
+
+def amax_over_replicas(options: StepOptions) -> bool:
+    """Whether the FP8 recipe all-reduces an amax history across the data-parallel replicas: delayed scaling over
+    Megatron-Core's default group tp x dp x cp (current, MX and blockwise scaling reduce none; `tp_only_amax_red`
+    keeps it inside the tensor-parallel group)."""
+    return options.fp8_recipe == "delayed" and options.fp8_amax_group == "tp-dp-cp"
 
 
 def _fsdp2_copies_s(ctx: StepContext, params: _StageParams) -> float:
@@ -385,3 +400,13 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
 def run_time_s(job: Job, step: StepEstimate) -> float:
     """Seconds to train `job.tokens` at this step rate (no failures; see reliability for goodput)."""
     return math.ceil(job.steps) * step.step_s
+
+
+def fp8_amax_words(options: StepOptions) -> str:
+    """What the FP8 amax wait (`fp8_amax_sync_sigma`) does under the options' recipe, for a header line."""
+    sigma = f"sigma {options.fp8_amax_sync_sigma:.2%}"
+    if amax_over_replicas(options):
+        return f"FP8 amax all-reduce over the replicas, {sigma}"
+    reduces = ("amax over the tensor-parallel group only" if options.fp8_recipe == "delayed"
+               else "no amax history across ranks")
+    return f"FP8 amax wait ({sigma}) not applied: {options.fp8_recipe} scaling reduces {reduces}"

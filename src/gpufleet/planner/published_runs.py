@@ -19,7 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
 from gpufleet.catalog.registry import Catalog, describe_validation_error, read_yaml
-from gpufleet.catalog.stacks import DEFAULT_STACK, MEMORY_SETTINGS, STEP_SETTINGS, StackChoice, StackRecord
+from gpufleet.catalog.stacks import (
+    DEFAULT_STACK,
+    MEMORY_SETTINGS,
+    STEP_SETTINGS,
+    Fp8AmaxGroup,
+    Fp8Recipe,
+    StackChoice,
+    StackRecord,
+)
 from gpufleet.errors import CatalogError, UnknownNameError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Recompute, Sharding
@@ -91,6 +99,15 @@ class RunMoESettings(BaseModel):
     source: str = Field(min_length=1)
 
 
+class RunFp8Settings(BaseModel):
+    """The FP8 recipe the run's own configuration names (docs/runs.md), over its stack's; `source` names it."""
+
+    model_config = _Strict
+    recipe: Fp8Recipe | None = None  # StepOptions.fp8_recipe
+    amax_group: Fp8AmaxGroup | None = None  # StepOptions.fp8_amax_group
+    source: str = Field(min_length=1)
+
+
 class RunMeasured(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     tokens_per_s_per_gpu: float | None = None
@@ -119,6 +136,8 @@ class PublishedRun(BaseModel):
     elementwise: Literal["fused", "eager"] | None = None
     #: the run's own MoE dispatch settings, with their source (null: its stack's)
     moe_settings: RunMoESettings | None = None
+    #: the run's own FP8 recipe, with its source (null: its stack's)
+    fp8_settings: RunFp8Settings | None = None
     model: RunModel
     seq_len: int = Field(ge=1)
     global_batch: int | None = Field(default=None, ge=1)
@@ -346,7 +365,8 @@ def framework_options(stack: StackRecord | None, *, overlap_tp: bool | None = No
 
 def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions | None = None) -> StepOptions:
     """`options` with the settings of the run's stack (`run_stack`), eager element-wise kernels where the run
-    file says `elementwise: eager`, and the run's own MoE dispatch settings (`moe_settings`) over its stack's."""
+    file says `elementwise: eager`, and the run's own MoE dispatch settings (`moe_settings`) and FP8 recipe
+    (`fp8_settings`) over its stack's."""
     options = stack_step_options(run_stack(run, catalog)[0], options or StepOptions())
     if run.elementwise == "eager":
         options = replace(options, fused_elementwise=False)
@@ -355,6 +375,11 @@ def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions |
         options = replace(options, ep_comm_overlap=moe.ep_overlap)
     if moe is not None and moe.ep_dispatch is not None:
         options = replace(options, ep_dispatch=moe.ep_dispatch)
+    fp8 = run.fp8_settings
+    if fp8 is not None and fp8.recipe is not None:
+        options = replace(options, fp8_recipe=fp8.recipe)
+    if fp8 is not None and fp8.amax_group is not None:
+        options = replace(options, fp8_amax_group=fp8.amax_group)
     return options
 
 
