@@ -96,6 +96,14 @@ def test_cross_validation_table() -> None:
         label = f"{window}, {float(sigma) * 100:g} %" if float(sigma) else f"{window}, 0"
         row = next(line for line in text.splitlines() if line.startswith(f"| {label}"))
         assert [cell.strip() for cell in row.strip().strip("|").split("|")][1:] == values, (row, values)
+    # the verdict's prose restates the table: shipped -> micro-batch 2 %, and shipped -> chunks 3.25 %
+    cell = {(window, sigma): dict(pair.rsplit(" ", 1) for pair in cells.split("; ")) for window, sigma, cells in lines}
+    shipped, scoped, best = cell[("micro-batch", "0.0000")], cell[("micro-batch", "0.0200")], cell[("chunks", "0.0325")]
+    flat = " ".join(text.split())
+    assert f"FP8 ({shipped['fp8'][:-1]} → {scoped['fp8'][:-1]} %)" in flat
+    assert f"nemo ({shipped['nemo'][:-1]} → {scoped['nemo'][:-1]} %)" in flat
+    assert f"from {shipped['LOSO'][:-1]} to {best['LOSO'][:-1]} %" in flat
+    assert f"nemo from {shipped['nemo'][:-1]} to {best['nemo'][:-1]} %" in flat
 
 
 def test_the_held_out_files_median_with_the_shipped_defaults() -> None:
