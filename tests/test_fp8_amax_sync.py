@@ -218,3 +218,19 @@ def test_plan_says_when_the_stacks_recipe_has_no_amax_wait() -> None:
     titan = _pinned_plan("--precision", "fp8", "--fp8-amax-sync", "2%", "--stack", "torchtitan")
     assert titan["framework"]["fp8_recipe"] == "current"
     assert all("sync.fp8-amax" not in plan["parts"] for plan in titan["plans"])
+
+
+def test_plan_takes_the_users_fp8_recipe_over_the_stacks() -> None:
+    # Megatron-Core's default recipe waits; a user who runs current scaling says so and the wait goes; a torchtitan
+    # user who runs delayed scaling gets it back; the answer otherwise is the same plan as without the flag.
+    default = _pinned_plan("--precision", "fp8", "--fp8-amax-sync", "2%")
+    current = _pinned_plan("--precision", "fp8", "--fp8-amax-sync", "2%", "--fp8-recipe", "current")
+    assert "sync.fp8-amax" in default["plans"][0]["parts"] and "sync.fp8-amax" not in current["plans"][0]["parts"]
+    assert current["framework"]["fp8_recipe"] == "current" and default["framework"]["fp8_recipe"] == "delayed"
+    without = _pinned_plan("--precision", "fp8")["plans"][0]
+    assert current["plans"][0]["step_s"] == without["step_s"]
+    titan = _pinned_plan("--precision", "fp8", "--fp8-amax-sync", "2%", "--stack", "torchtitan", "--fp8-recipe",
+                         "delayed")
+    assert titan["framework"]["fp8_recipe"] == "delayed" and "sync.fp8-amax" in titan["plans"][0]["parts"]
+    line = one_error_line(run_gpufleet(*PINNED_70B, "--fp8-recipe", "tensorwise"))
+    assert "--fp8-recipe" in line and "delayed, current, mx, blockwise" in line

@@ -80,6 +80,11 @@ Fp8AmaxSyncOption = typer.Option(None, "--fp8-amax-sync", metavar="SIGMA|recorde
                                  "amax all-reduce spans the data-parallel replicas: the pipeline waits for the "
                                  "slowest of dp at each one, replica times spreading by SIGMA (e.g. 2%; `recorded`: "
                                  "the recorded fit); sync.fp8-amax (docs/dp-scaling.md) [default: off].")
+Fp8RecipeOption = typer.Option(None, "--fp8-recipe", help="How your FP8 run scales its tensors: delayed (an amax "
+                               "history all-reduced over the replicas: Megatron-Core's and NeMo's default), current "
+                               "(Transformer Engine's current scaling, torchao's tensorwise), mx (MXFP8) or blockwise; "
+                               "only delayed meets the other replicas, so only it takes --fp8-amax-sync's wait "
+                               "[default: the --stack's recipe; Megatron-Core's delayed].")
 DpOverlapWindowOption = typer.Option("micro-batch", "--dp-overlap-window", help="What an interleaved pipeline's "
                                      "data-parallel reduction hides behind: micro-batch (one micro-batch's backward "
                                      "of the stage) or chunks (each model chunk behind the chunks after it; "

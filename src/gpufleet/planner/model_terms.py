@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, cast
 
+from gpufleet.catalog.stacks import Fp8Recipe
 from gpufleet.errors import InputError
 from gpufleet.perf.overlap_contention import OVERLAP_COMPUTE_SLOWDOWN
 from gpufleet.perf.step import StepOptions
@@ -26,6 +27,8 @@ RECORDED = "recorded"
 MAX_STRAGGLER_SIGMA = 0.2
 #: `--overlap-contention measured`: the measured slowdown.
 MEASURED = "measured"
+#: `--fp8-recipe`: the recipes a plan may name (catalog/stacks.py Fp8Recipe).
+FP8_RECIPES: tuple[Fp8Recipe, ...] = ("delayed", "current", "mx", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -38,18 +41,23 @@ class ModelTerms:
     fsdp2_copies: bool | None = None  # None: the stack's setting
     fp8_amax_sync_sigma: float = 0.0  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md)
     dp_overlap_window: DpOverlapWindow = "micro-batch"  # perf/dp_scaling.py interleaved_exposed_s
+    fp8_recipe: Fp8Recipe | None = None  # None: the stack's (StepOptions.fp8_recipe)
 
     def apply(self, options: StepOptions) -> StepOptions:
         copies = options.fsdp2_copies if self.fsdp2_copies is None else self.fsdp2_copies
+        recipe = options.fp8_recipe if self.fp8_recipe is None else self.fp8_recipe
         return replace(options, straggler_sigma=self.straggler_sigma, straggler_scope=self.straggler_scope,
                        overlap_slowdown=self.overlap_slowdown, fsdp2_copies=copies,
-                       fp8_amax_sync_sigma=self.fp8_amax_sync_sigma, dp_overlap_window=self.dp_overlap_window)
+                       fp8_amax_sync_sigma=self.fp8_amax_sync_sigma, dp_overlap_window=self.dp_overlap_window,
+                       fp8_recipe=recipe)
 
 
 def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_contention: str | None,
                       fsdp2_copies: bool | None, fp8_amax_sync: str | None = None,
-                      dp_overlap_window: str = "micro-batch") -> ModelTerms:
+                      dp_overlap_window: str = "micro-batch", fp8_recipe: str | None = None) -> ModelTerms:
     """The flags' values as given (None: not given), checked: one line naming the flag when one is wrong."""
+    if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
+        raise InputError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
     if straggler_scope not in STRAGGLER_SCOPES:
         raise InputError(f"--straggler-scope must be job or replicas, got {straggler_scope!r}")
     sigma = 0.0 if stragglers is None else parse_fraction(stragglers, "--stragglers", most=MAX_STRAGGLER_SIGMA)
@@ -60,7 +68,8 @@ def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_cont
     else:
         slowdown = parse_fraction(overlap_contention, "--overlap-contention (or 'measured')")
     amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
-    return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies, amax_sigma, window)
+    return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies, amax_sigma, window,
+                      cast(Fp8Recipe | None, fp8_recipe))
 
 
 def parse_dp_scaling_terms(fp8_amax_sync: str | None, dp_overlap_window: str) -> tuple[float, DpOverlapWindow]:
