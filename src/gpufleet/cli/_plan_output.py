@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn
 from rich.table import Table
 
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.output import Output
 from gpufleet.perf.step import fp8_amax_words
@@ -50,10 +51,10 @@ def framework_note(request: PlanRequest) -> str | None:
                     f"{'replicas' if request.options.straggler_scope == 'replicas' else 'job'}")
     if request.options.overlap_slowdown:
         said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives")
-    if request.options.fp8_amax_sync_sigma:
+    if request.options.fp8_amax_sync_sigma != judgements().fp8_amax_sync_sigma:
         said.append(fp8_amax_words(request.options))
-    if request.options.dp_overlap_window == "chunks":
-        said.append("data-parallel reduction hidden behind the later model chunks")
+    if request.options.dp_overlap_window == "micro-batch":
+        said.append("data-parallel reduction hidden behind one micro-batch only")
     return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None
 
 

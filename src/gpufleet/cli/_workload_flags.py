@@ -76,16 +76,18 @@ Fsdp2CopiesOption = typer.Option(None, "--fsdp2-copies/--no-fsdp2-copies", help=
                                  "copy-out and reduce-scatter copy-in on the compute stream for fully sharded "
                                  "layouts (fsdp.copies in --explain; docs/residuals.md) [default: the --stack's: "
                                  "on for stacks that run fully_shard, such as torchtitan; else off].")
-Fp8AmaxSyncOption = typer.Option(None, "--fp8-amax-sync", metavar="SIGMA|recorded", help="FP8 delayed scaling's "
-                                 "amax all-reduce spans the data-parallel replicas: the pipeline waits for the "
-                                 "slowest of dp at each one, replica times spreading by SIGMA (e.g. 2%; `recorded`: "
-                                 "the recorded fit); sync.fp8-amax (docs/dp-scaling.md) [default: off].")
+Fp8AmaxSyncOption = typer.Option(None, "--fp8-amax-sync", metavar="SIGMA|recorded|0", help="FP8 delayed "
+                                 "scaling's amax all-reduce spans the data-parallel replicas: the pipeline waits for "
+                                 "the slowest of dp at each one, replica times spreading by SIGMA (e.g. 2%; 0: off); "
+                                 "only where the FP8 recipe is delayed scaling over tp x dp x cp (--fp8-recipe, the "
+                                 "stack's); sync.fp8-amax (docs/dp-scaling.md) [default: recorded, the fit chosen on "
+                                 "NVIDIA's DGX Cloud FP8 weak-scaling series].")
 Fp8RecipeOption = typer.Option(None, "--fp8-recipe", help="How your FP8 run scales its tensors: delayed (an amax "
                                "history all-reduced over the replicas: Megatron-Core's and NeMo's default), current "
                                "(Transformer Engine's current scaling, torchao's tensorwise), mx (MXFP8) or blockwise; "
                                "only delayed meets the other replicas, so only it takes --fp8-amax-sync's wait "
                                "[default: the --stack's recipe; Megatron-Core's delayed].")
-DpOverlapWindowOption = typer.Option("micro-batch", "--dp-overlap-window", help="What an interleaved pipeline's "
+DpOverlapWindowOption = typer.Option("chunks", "--dp-overlap-window", help="What an interleaved pipeline's "
                                      "data-parallel reduction hides behind: micro-batch (one micro-batch's backward "
                                      "of the stage) or chunks (each model chunk behind the chunks after it; "
-                                     "docs/dp-scaling.md) [default: micro-batch].")
+                                     "docs/dp-scaling.md) [default: chunks].")

@@ -237,7 +237,9 @@ def held_out_line(held_out: dict[str, Any]) -> str:
     stats, interval = held_out["summary"]["all"], held_out["interval"]
     coverage = "-" if interval["coverage"] is None else f"{interval['coverage']:.0%}"
     median = "-" if stats["median_abs_error"] is None else f"{stats['median_abs_error']:.1%}"
-    return (f"held out of every calibration fit ({', '.join(held_out['files'])}): {stats['runs']} runs, "
+    chosen = len(held_out["left_out_chosen_on"])
+    also = f" ({chosen} more that a constant fit was chosen on are not scored here)" if chosen else ""
+    return (f"held out of every calibration fit ({', '.join(held_out['files'])}): {stats['runs']} runs{also}, "
             f"median |error| {median}, inside their 80 % interval {coverage} ({interval['inside']}/{interval['runs']})")
 
 

@@ -66,10 +66,11 @@ class StepOptions:
     loss_bytes_per_logit: float = CROSS_ENTROPY_BYTES_PER_LOGIT
     dp_overlap: bool = True  # --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch
     #: what an interleaved pipeline's data-parallel reduction and gather (DDP, distributed optimizer) hide behind:
-    #: "micro-batch": one micro-batch's backward (forward) of the stage, the last layer exposed (the default);
-    #: "chunks": each model chunk's buckets behind the chunks after it (Megatron-Core launches a chunk's buckets after
-    #: its last micro-batch; Calculon's window; perf/dp_scaling.py interleaved_exposed_s; docs/dp-scaling.md)
-    dp_overlap_window: Literal["micro-batch", "chunks"] = "micro-batch"
+    #: "micro-batch": one micro-batch's backward (forward) of the stage, the last layer exposed;
+    #: "chunks" (the default): each model chunk's buckets behind the chunks after it (Megatron-Core launches a chunk's
+    #: buckets after its last micro-batch; Calculon's window; perf/dp_scaling.py interleaved_exposed_s;
+    #: docs/dp-scaling.md). With vpp = 1 the two are the same
+    dp_overlap_window: Literal["micro-batch", "chunks"] = "chunks"
     #: slowest expert rank / mean under top-k routing (a judgement: catalog data/judgements.yaml)
     ep_imbalance: float = field(default_factory=lambda: judgements().ep_imbalance)
     #: data loading, logging, launch gaps per step (a judgement: catalog data/judgements.yaml)
@@ -95,9 +96,10 @@ class StepOptions:
     straggler_scope: Literal["job", "replicas"] = "job"
     #: FP8 delayed scaling's amax all-reduce spans the data-parallel replicas (Megatron-Core's default amax group
     #: tp x dp x cp) and each replica's time between two of them scatters by this relative spread: the pipeline waits
-    #: for the slowest of dp replicas at every chunk forward (perf/dp_scaling.py: amax_sync_fraction; the recorded
-    #: value is judgements' fp8_amax_sync_sigma, off by default: docs/dp-scaling.md); 0: off; FP8 jobs only
-    fp8_amax_sync_sigma: float = 0.0
+    #: for the slowest of dp replicas at every chunk forward (perf/dp_scaling.py: amax_sync_fraction; the default is
+    #: the recorded constant fit, judgements' fp8_amax_sync_sigma: docs/dp-scaling.md); 0: off; FP8 jobs under
+    #: delayed scaling over tp x dp x cp only (fp8_recipe, fp8_amax_group below)
+    fp8_amax_sync_sigma: float = field(default_factory=lambda: judgements().fp8_amax_sync_sigma)
     #: the FP8 recipe (catalog/stacks.py Fp8Recipe) and the ranks a delayed-scaling amax history is reduced over: the
     #: amax wait above applies only to "delayed" over "tp-dp-cp". Defaults: Megatron-Core's (TransformerConfig
     #: fp8_recipe="delayed", tp_only_amax_red=False, core_v0.16.1)
@@ -405,6 +407,8 @@ def run_time_s(job: Job, step: StepEstimate) -> float:
 def fp8_amax_words(options: StepOptions) -> str:
     """What the FP8 amax wait (`fp8_amax_sync_sigma`) does under the options' recipe, for a header line."""
     sigma = f"sigma {options.fp8_amax_sync_sigma:.2%}"
+    if not options.fp8_amax_sync_sigma:
+        return "no FP8 amax wait (--fp8-amax-sync 0)"
     if amax_over_replicas(options):
         return f"FP8 amax all-reduce over the replicas, {sigma}"
     reduces = ("amax over the tensor-parallel group only" if options.fp8_recipe == "delayed"

@@ -39,22 +39,24 @@ class ModelTerms:
     straggler_scope: StragglerScope = "job"
     overlap_slowdown: float = 0.0
     fsdp2_copies: bool | None = None  # None: the stack's setting
-    fp8_amax_sync_sigma: float = 0.0  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md)
-    dp_overlap_window: DpOverlapWindow = "micro-batch"  # perf/dp_scaling.py interleaved_exposed_s
+    #: perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md); None: the recorded fit (StepOptions' default)
+    fp8_amax_sync_sigma: float | None = None
+    dp_overlap_window: DpOverlapWindow = "chunks"  # perf/dp_scaling.py interleaved_exposed_s
     fp8_recipe: Fp8Recipe | None = None  # None: the stack's (StepOptions.fp8_recipe)
 
     def apply(self, options: StepOptions) -> StepOptions:
         copies = options.fsdp2_copies if self.fsdp2_copies is None else self.fsdp2_copies
         recipe = options.fp8_recipe if self.fp8_recipe is None else self.fp8_recipe
+        amax = options.fp8_amax_sync_sigma if self.fp8_amax_sync_sigma is None else self.fp8_amax_sync_sigma
         return replace(options, straggler_sigma=self.straggler_sigma, straggler_scope=self.straggler_scope,
                        overlap_slowdown=self.overlap_slowdown, fsdp2_copies=copies,
-                       fp8_amax_sync_sigma=self.fp8_amax_sync_sigma, dp_overlap_window=self.dp_overlap_window,
+                       fp8_amax_sync_sigma=amax, dp_overlap_window=self.dp_overlap_window,
                        fp8_recipe=recipe)
 
 
 def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_contention: str | None,
                       fsdp2_copies: bool | None, fp8_amax_sync: str | None = None,
-                      dp_overlap_window: str = "micro-batch", fp8_recipe: str | None = None) -> ModelTerms:
+                      dp_overlap_window: str = "chunks", fp8_recipe: str | None = None) -> ModelTerms:
     """The flags' values as given (None: not given), checked: one line naming the flag when one is wrong."""
     if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
         raise InputError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
@@ -73,13 +75,11 @@ def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_cont
 
 
 def parse_dp_scaling_terms(fp8_amax_sync: str | None, dp_overlap_window: str) -> tuple[float, DpOverlapWindow]:
-    """--fp8-amax-sync (a spread, or `recorded`) and --dp-overlap-window, checked: one line naming the
-    flag when one is wrong."""
+    """--fp8-amax-sync (a spread, `0` for off, or `recorded`: also when not given) and --dp-overlap-window, checked:
+    one line naming the flag when one is wrong."""
     if dp_overlap_window not in DP_OVERLAP_WINDOWS:
         raise InputError(f"--dp-overlap-window must be micro-batch or chunks, got {dp_overlap_window!r}")
-    if fp8_amax_sync is None:
-        sigma = 0.0
-    elif fp8_amax_sync.strip().lower() == RECORDED:
+    if fp8_amax_sync is None or fp8_amax_sync.strip().lower() == RECORDED:
         from gpufleet.catalog.judgements import judgements
 
         sigma = judgements().fp8_amax_sync_sigma

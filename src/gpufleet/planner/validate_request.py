@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
 from gpufleet.planner.model_terms import DpOverlapWindow, ModelTerms, StragglerScope
@@ -38,8 +39,8 @@ class ValidateRequest(Request):
     straggler_scope: StragglerScope = "job"
     overlap_slowdown: float = 0.0
     fsdp2_copies: bool | None = None
-    fp8_amax_sync_sigma: float = Field(default=0.0, ge=0.0, le=0.2)
-    dp_overlap_window: DpOverlapWindow = "micro-batch"
+    fp8_amax_sync_sigma: float = Field(default_factory=lambda: judgements().fp8_amax_sync_sigma, ge=0.0, le=0.2)
+    dp_overlap_window: DpOverlapWindow = "chunks"
 
     @model_validator(mode="after")
     def _refits_take_the_stacks_copies(self) -> ValidateRequest:
@@ -108,10 +109,13 @@ class HeldOutScore:
     summary: Summary
     inside_interval: int  # predicted runs whose measurement lies inside their 80 % interval
     predicted: int
+    #: runs of the files that a constant fit was chosen on (fits.yaml `constant_fits:` chosen_on): not scored here
+    chosen_on: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         share = self.inside_interval / self.predicted if self.predicted else None
         return {"files": list(self.files), "summary": self.summary.as_dict(),
+                "left_out_chosen_on": list(self.chosen_on),
                 "interval": {"level": 0.8, "runs": self.predicted, "inside": self.inside_interval,
                              "coverage": share}}
 
@@ -129,16 +133,21 @@ def predict_runs(runs: list[PublishedRun], catalog: Catalog, options: StepOption
 
 
 def score_held_out(catalog: Catalog, options: StepOptions, request: ValidateRequest) -> HeldOutScore:
-    """Predict every held-out run as the fitted ones are predicted; summarise and count interval hits."""
+    """Predict every held-out run as the fitted ones are predicted, leaving out those a constant fit was chosen on
+    (the FP8 amax spread's DGX Cloud series); summarise and count interval hits."""
     from gpufleet.planner.published_runs import held_out_run_paths
     from gpufleet.planner.validate import summarize
 
     paths = held_out_run_paths()
-    runs = load_request_runs(request.model_copy(update={"runs": tuple(paths)}), catalog)
+    fitted = {run_id for record in catalog.records("constant_fits").values()
+              for run_id in getattr(record, "chosen_on", ())}
+    loaded = load_request_runs(request.model_copy(update={"runs": tuple(paths)}), catalog)
+    runs = [run for run in loaded if run.id not in fitted]
     predictions = predict_runs(runs, catalog, options, request)
     hits = [p.interval.low <= p.target_tokens_per_s_per_gpu <= p.interval.high
             for p in predictions if p.predicted_tokens_per_s_per_gpu and p.interval is not None]
-    return HeldOutScore(tuple(path.name for path in paths), summarize(predictions), sum(hits), len(hits))
+    return HeldOutScore(tuple(path.name for path in paths), summarize(predictions), sum(hits), len(hits),
+                        tuple(run.id for run in loaded if run.id in fitted))
 
 
 def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
