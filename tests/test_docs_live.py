@@ -69,6 +69,11 @@ def test_readme_shipped_validation_figures() -> None:
     assert_quotes(readme, shipped, len(summary["skipped"]), nth=2)
     assert_quotes(readme, "with a median abs error of", summary["all"]["median_abs_error"], scale=100)
     assert_quotes(readme, "the memory model rejects", summary["memory_rejected"]["runs"])
+    held = data["held_out"]
+    marker = "held out of every fit (`catalog/runs/*_holdout.yaml`, in no fit's set):\n"
+    assert_quotes(readme, marker, held["summary"]["all"]["runs"])
+    assert_quotes(readme, marker, held["summary"]["all"]["median_abs_error"], nth=1, scale=100)
+    assert_quotes(readme, marker, held["interval"]["inside"], nth=2)
 
 
 def test_readme_links_only_inside_the_repository() -> None:
