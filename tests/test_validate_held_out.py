@@ -8,6 +8,7 @@ import math
 import statistics
 
 from clirun import run_gpufleet
+from gpufleet.catalog.judgements import ConstantFit
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.planner.published_runs import fitted_run_paths, held_out_run_paths, load_runs
 
@@ -32,7 +33,7 @@ def test_validate_scores_the_held_out_runs_as_validate_runs_does() -> None:
     assert held["files"] == [path.name for path in held_out_run_paths()]
     # the runs a constant fit was chosen on (the FP8 amax spread's DGX Cloud series) are named and not scored
     chosen = {run_id for record in load_catalog().records("constant_fits").values()
-              for run_id in getattr(record, "chosen_on", ())}
+              if isinstance(record, ConstantFit) for run_id in record.chosen_on}
     assert set(held["left_out_chosen_on"]) == chosen & {run["id"] for run in direct["runs"]}
     assert len(held["left_out_chosen_on"]) == 12
     kept = [run for run in direct["runs"] if run["id"] not in chosen and run["error"] is not None]

@@ -406,9 +406,9 @@ def run_time_s(job: Job, step: StepEstimate) -> float:
 
 def fp8_amax_words(options: StepOptions) -> str:
     """What the FP8 amax wait (`fp8_amax_sync_sigma`) does under the options' recipe, for a header line."""
-    sigma = f"sigma {options.fp8_amax_sync_sigma:.2%}"
     if not options.fp8_amax_sync_sigma:
         return "no FP8 amax wait (--fp8-amax-sync 0)"
+    sigma = f"sigma {options.fp8_amax_sync_sigma:.2%}"
     if amax_over_replicas(options):
         return f"FP8 amax all-reduce over the replicas, {sigma}"
     reduces = ("amax over the tensor-parallel group only" if options.fp8_recipe == "delayed"

@@ -7,7 +7,7 @@ by default except FSDP2's copies, which the stack decides (catalog/data/stacks.y
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, cast
+from typing import Literal, cast, get_args
 
 from gpufleet.catalog.stacks import Fp8Recipe
 from gpufleet.errors import InputError
@@ -28,7 +28,7 @@ MAX_STRAGGLER_SIGMA = 0.2
 #: `--overlap-contention measured`: the measured slowdown.
 MEASURED = "measured"
 #: `--fp8-recipe`: the recipes a plan may name (catalog/stacks.py Fp8Recipe).
-FP8_RECIPES: tuple[Fp8Recipe, ...] = ("delayed", "current", "mx", "blockwise")
+FP8_RECIPES: tuple[Fp8Recipe, ...] = get_args(Fp8Recipe)
 
 
 @dataclass(frozen=True)

@@ -368,19 +368,12 @@ def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions |
     file says `elementwise: eager`, and the run's own MoE dispatch settings (`moe_settings`) and FP8 recipe
     (`fp8_settings`) over its stack's."""
     options = stack_step_options(run_stack(run, catalog)[0], options or StepOptions())
-    if run.elementwise == "eager":
-        options = replace(options, fused_elementwise=False)
-    moe = run.moe_settings
-    if moe is not None and moe.ep_overlap is not None:
-        options = replace(options, ep_comm_overlap=moe.ep_overlap)
-    if moe is not None and moe.ep_dispatch is not None:
-        options = replace(options, ep_dispatch=moe.ep_dispatch)
-    fp8 = run.fp8_settings
-    if fp8 is not None and fp8.recipe is not None:
-        options = replace(options, fp8_recipe=fp8.recipe)
-    if fp8 is not None and fp8.amax_group is not None:
-        options = replace(options, fp8_amax_group=fp8.amax_group)
-    return options
+    moe, fp8 = run.moe_settings, run.fp8_settings
+    own: dict[str, Any] = {
+        "fused_elementwise": False if run.elementwise == "eager" else None,
+        "ep_comm_overlap": moe.ep_overlap if moe else None, "ep_dispatch": moe.ep_dispatch if moe else None,
+        "fp8_recipe": fp8.recipe if fp8 else None, "fp8_amax_group": fp8.amax_group if fp8 else None}
+    return replace(options, **{name: value for name, value in own.items() if value is not None})
 
 
 def stack_step_options(stack: StackRecord, options: StepOptions) -> StepOptions:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import ConstantFit, judgements
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
 from gpufleet.planner.model_terms import DpOverlapWindow, ModelTerms, StragglerScope
@@ -139,8 +139,8 @@ def score_held_out(catalog: Catalog, options: StepOptions, request: ValidateRequ
     from gpufleet.planner.validate import summarize
 
     paths = held_out_run_paths()
-    fitted = {run_id for record in catalog.records("constant_fits").values()
-              for run_id in getattr(record, "chosen_on", ())}
+    fitted = {run_id for record in catalog.records("constant_fits").values() if isinstance(record, ConstantFit)
+              for run_id in record.chosen_on}
     loaded = load_request_runs(request.model_copy(update={"runs": tuple(paths)}), catalog)
     runs = [run for run in loaded if run.id not in fitted]
     predictions = predict_runs(runs, catalog, options, request)
