@@ -304,7 +304,8 @@ def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
               policy: TransferPolicy, throttle: _Throttle) -> str:
     """One streamed copy (multipart on object stores), checked by size; an abort discards the upload. Returns the MD5
     of the bytes sent (what a store's single-part ETag must equal: `landed.not_landed`); "" on a local disk, which
-    reports none."""
+    reports none. A store that acknowledged the write and then does not hold the object (restarted empty, or not yet
+    consistent) raises a plain OSError, as a short object does: worth sending again, not a refusal."""
     md5 = None if is_local(dst_fs) else hashlib.md5(usedforsecurity=False)
     with src_fs.open(src, "rb") as source:
         sink = dst_fs.open(dst, "wb", block_size=policy.part_bytes)
@@ -324,7 +325,10 @@ def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
             raise
         sink.close()
     dst_fs.invalidate_cache(dst)
-    landed = int(dst_fs.info(dst)["size"])
+    try:
+        landed = int(dst_fs.info(dst)["size"])
+    except FileNotFoundError:
+        raise OSError(f"{dst}: the store acknowledged {expected_bytes} bytes and does not hold them") from None
     if landed != expected_bytes:
         raise OSError(f"{dst}: {landed} bytes arrived, {expected_bytes} sent")
     return "" if md5 is None else md5.hexdigest()

@@ -5,7 +5,8 @@ retries (`TransferPolicy.max_attempts`: an outage longer than those) is not drop
 queued again by later saves once its backoff has passed (`retry_after_s`, doubling up to `retry_max_s`), and
 tried again at `close()` until it lands or `close()`'s deadline passes. A step deleted locally by retention is
 superseded: it is forgotten, never retried. A refusal (the store holds a different checkpoint of that step, or
-the local copy is damaged) is reported and not retried: trying again cannot change it.
+the local copy is damaged) is reported and not retried: trying again cannot change it; `close()` names it among
+the steps that never reached the store.
 
 Nothing here writes locally; a crash at any point leaves the local checkpoints as they were and the store with
 whole checkpoints plus at most one prefix without a manifest (never listed complete; a later upload completes it).
@@ -44,6 +45,8 @@ class Uploader:
         self._lock = threading.Lock()
         self._queued: set[int] = set()
         self._failed: dict[int, _Failed] = {}
+        self._refused: dict[int, str] = {}  # steps refused and not retried: never in the store, named by close()
+        self._superseded: set[int] = set()  # steps retention deleted locally: whatever their upload met, not owed
         self._errors: list[str] = []
         self.uploaded: set[int] = set()
         self._thread = threading.Thread(target=self._loop, name="ckpt-upload", daemon=True)
@@ -68,6 +71,8 @@ class Uploader:
     def forget(self, step: int) -> None:
         """`step` was deleted locally (retention): superseded, never retried."""
         with self._lock:
+            self._superseded.add(step)
+            self._refused.pop(step, None)
             if self._failed.pop(step, None) is not None:
                 log.info("upload of step %d superseded: retention deleted it locally", step)
 
@@ -108,7 +113,7 @@ class Uploader:
             self._queue.put(None)
             self._thread.join(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()) + 5)
         with self._lock:
-            left = {step: failed.error for step, failed in self._failed.items()}
+            left = {step: failed.error for step, failed in self._failed.items()} | self._refused
             left.update({step: "not tried before the deadline" for step in self._queued if step not in left})
             left = dict(sorted(left.items()))
         if left:
@@ -149,6 +154,7 @@ class Uploader:
             return
         with self._lock:
             self._failed.pop(step, None)
+            self._refused.pop(step, None)
             if present:
                 self.uploaded.add(step)
         if not present:
@@ -162,6 +168,8 @@ class Uploader:
                 self._failed[step] = _Failed(attempts, time.monotonic() + delay_s, error)
             else:
                 self._failed.pop(step, None)
+                if step not in self._superseded:  # a copy cut off by retention's deletion is no refusal
+                    self._refused[step] = error
             self._errors.append(f"upload of step {step}: {error}")
         if retry:
             log.error("upload of step %d failed (attempt %d; tried again after %.1f s, by a later save or close()): "
