@@ -805,7 +805,7 @@ def test_residuals_frozen_host_diagnostic() -> None:
     assert_quotes(text, "The MoE LOSO median then falls from **", moe, nth=2, scale=100)  # "still above the in-sample"
     worst = min(errors, key=errors.__getitem__)
     assert_quotes(text, "and no run is worse than −", -errors[worst], scale=100)
-    assert worst == "automodel-h100-qwen3-30b-a3b-8gpu"  # "(NeMo AutoModel's Qwen3-30B)"
+    assert worst == "automodel-h100-deepseek-v3-256gpu"  # "(NeMo AutoModel's DeepSeek-V3 on 256 GPUs)"
 
 
 @pytest.mark.slow

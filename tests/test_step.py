@@ -291,6 +291,25 @@ def test_dropless_moe_layers_wait_for_the_host_by_hand() -> None:
                                            Layout(dp=8, micro_batch=1), cluster(8), CAL).parts
 
 
+def test_grouped_expert_gemms_launch_once_for_all_local_experts_by_hand() -> None:
+    # The same Qwen3-30B-A3B layer with a grouped GEMM over its 16 local experts (grouped_gemm's gmm, as NeMo
+    # AutoModel runs them): the host launches one expert's 6 kernels instead of 16 x 6, so 26 + 6 = 32 per layer
+    # forward, 3 x 32 = 96 with the backward, 0.96 ms per layer and micro-batch at 10 us a kernel. With 64 local
+    # experts (ep 2) the grouped count is the same and the per-expert one grows to 26 + 6 x 64 = 410.
+    qwen = CATALOG.model("qwen3-30b-a3b")
+    job = Job(qwen, tokens=1e12, seq_len=4096, global_batch=64)
+    m, layers = 8, 48
+    for ep, per_expert_kernels in ((8, 366), (2, 3 * 410)):
+        layout = Layout(tp=1, ep=ep, dp=8, micro_batch=1)
+        grouped = estimate_step(job, layout, cluster(8), CAL, StepOptions(dp_overlap=False,
+                                                                         moe_expert_kernels="grouped"))
+        per_expert = estimate_step(job, layout, cluster(8), CAL, StepOptions(dp_overlap=False))
+        assert math.isclose(grouped.parts["host.moe"].exposed_s, m * layers * 96 * 10e-6, rel_tol=1e-9)
+        assert math.isclose(per_expert.parts["host.moe"].exposed_s, m * layers * per_expert_kernels * 10e-6,
+                            rel_tol=1e-9)
+        assert "host launches 96 kernels/layer" in grouped.parts["host.moe"].link
+
+
 def test_expected_destinations_by_hand() -> None:
     # 16 experts on 2 nodes, top-2 without replacement: a node is missed with probability C(8,2)/C(16,2) = 28/120.
     assert expected_destinations(16, 2, 2) == pytest.approx(2 * (1 - 28 / 120))

@@ -81,6 +81,16 @@ Fp8Recipe = Literal["delayed", "current", "mx", "blockwise"]
 Fp8AmaxGroup = Literal["tp-dp-cp", "tp"]
 
 
+#: How a MoE layer launches its local experts' GEMMs: "per-expert": one GEMM (and its casts) per local expert, as
+#: Transformer Engine's GroupedLinear does (Megatron-Core's TEGroupedMLP); "grouped": one grouped-GEMM kernel for all
+#: local experts (grouped_gemm's `gmm`, torch._grouped_mm). Sets how the MoE host launch cost grows with local experts.
+MoeExpertKernels = Literal["per-expert", "grouped"]
+
+
+class SourcedMoeExpertKernels(Sourced[MoeExpertKernels]):
+    pass
+
+
 class SourcedFp8Recipe(Sourced[Fp8Recipe]):
     pass
 
@@ -129,6 +139,7 @@ class StackSettings(BaseModel):
     moe_dropless: SourcedBool | None = None
     ep_comm_overlap: SourcedBool | None = None
     ep_dispatch: SourcedDispatch | None = None
+    moe_expert_kernels: SourcedMoeExpertKernels | None = None
     fp32_params: SourcedBool | None = None
     selective_policy: SourcedPolicy | None = None
     logits_bytes_per_element: SourcedFloat | None = None
@@ -161,7 +172,8 @@ class StackSettings(BaseModel):
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
-                 "ep_dispatch", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe", "fp8_amax_group")
+                 "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe",
+                 "fp8_amax_group")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import ModelSpec
+from gpufleet.catalog.stacks import MoeExpertKernels
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step_context import StepContext
 
@@ -19,13 +20,15 @@ class MoeHost:
     exposed_s: float = 0.0
 
 
-def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recomputed: float) -> float:
+def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recomputed: float,
+               expert_kernels: MoeExpertKernels = "per-expert") -> float:
     """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and, for the
-    `recomputed` share of layers, the forward again."""
+    `recomputed` share of layers, the forward again. A grouped GEMM launches one expert's kernels for all of the
+    rank's local experts; "per-expert" launches them once per local expert."""
     if model.moe is None:
         return 0.0
     judged = judgements()  # kernels per MoE layer, counted from Megatron-Core's and TE's code paths
-    local_experts = model.moe.experts / layout.ep
+    local_experts = model.moe.experts / layout.ep if expert_kernels == "per-expert" else 1.0
     forward = judged.moe_fixed_kernels_fwd + judged.moe_kernels_per_local_expert_fwd * local_experts
     passes = 1.0 + judged.moe_backward_kernel_ratio + recomputed
     return forward * passes * host_s_per_kernel
@@ -35,6 +38,7 @@ def moe_host_launch(ctx: StepContext, device_moe_s: float) -> MoeHost:
     """Dropless routing sizes the all-to-all and the grouped GEMMs from token counts copied to the host, so the
     host cannot run ahead: it launches the layer's kernels while the GPU waits (serial). Token-drop routing has
     fixed shapes and the host runs ahead; it only shows when it is slower than the GPU (`device_moe_s`)."""
-    launch = moe_host_s(ctx.model, ctx.layout, ctx.calibration.host_s_per_kernel, ctx.recomputed)
+    launch = moe_host_s(ctx.model, ctx.layout, ctx.calibration.host_s_per_kernel, ctx.recomputed,
+                        ctx.options.moe_expert_kernels)
     exposed = launch if ctx.options.moe_dropless else max(0.0, launch - device_moe_s)
     return MoeHost(launch, exposed)

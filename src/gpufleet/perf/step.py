@@ -13,7 +13,7 @@ from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
-from gpufleet.catalog.stacks import Fp8AmaxGroup, Fp8Recipe
+from gpufleet.catalog.stacks import Fp8AmaxGroup, Fp8Recipe, MoeExpertKernels
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -89,6 +89,10 @@ class StepOptions:
     #: (forwarded over NVLink there) and, inside one node, once per GPU (DeepEP / HybridEP, DeepSeek-V3's
     #: dispatch); "all-to-all": one copy per routed expert (Megatron-Core's alltoall dispatcher)
     ep_dispatch: Literal["all-to-all", "dedup"] = "all-to-all"
+    #: "per-expert": the host launches each local expert's GEMMs and casts (Transformer Engine's GroupedLinear, as
+    #: Megatron-Core's TEGroupedMLP runs it); "grouped": one grouped GEMM covers every local expert (grouped_gemm's
+    #: gmm, torch._grouped_mm), so the MoE host cost does not grow with the local experts (perf/moe_host.py)
+    moe_expert_kernels: MoeExpertKernels = "per-expert"
     #: relative spread of per-GPU speed: the step waits for the slowest of the job's GPUs (perf/dp_scaling.py;
     #: dp_scaling.GPU_SPEED_SIGMA is the sourced value); 0: off. Scope "job": over a median GPU; "replicas": only
     #: what dp adds over one replica of tp*pp*cp GPUs
