@@ -85,14 +85,16 @@ def test_chunks_window_hides_more_of_an_interleaved_reduction() -> None:
 def test_strong_scaling_end_points_fall_as_measured_with_the_chunks_window() -> None:
     # Megatron-Core's GPT-3 177B strong scaling (batch 1152; 576 -> 12 micro-batches per pipeline): MFU 47 % -> 42 %,
     # a ratio of 0.894. The one-micro-batch window predicts a steeper fall (the exposed reduction grows with dp while
-    # the step shrinks); the chunks window leaves the bubble, which the measured fall matches within 3 points.
+    # the step shrinks); the chunks window leaves the bubble, which the measured fall matches within 3 points. The
+    # overlap contention is off here to isolate the window: on (the default), it charges 18.9 % of the reduction the
+    # window hides, and the chunks window's ratio falls to about 0.85 (docs/dp-scaling.md).
     runs = {run.id: run for run in load_runs(PUBLIC)}
     small, large = runs["mcore-h100-strong-177b-96gpu"], runs["mcore-h100-strong-177b-4608gpu"]
     measured = large.target.tokens_per_s_per_gpu / small.target.tokens_per_s_per_gpu
     assert math.isclose(measured, 42 / 47, rel_tol=1e-3)
 
     def ratio(window: str) -> float:
-        options = StepOptions(dp_overlap_window=window)  # type: ignore[arg-type]
+        options = StepOptions(dp_overlap_window=window, overlap_slowdown=0.0)  # type: ignore[arg-type]
         return ((predict_run(large, CATALOG, options).predicted_tokens_per_s_per_gpu or math.nan)
                 / (predict_run(small, CATALOG, options).predicted_tokens_per_s_per_gpu or math.nan))
 

@@ -86,12 +86,12 @@ CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
 
 def test_the_step_adds_sigma_times_the_expected_slowest_of_its_gpus() -> None:
     # Llama 3 70B on 64 H100 (tp8 pp2 dp4): the term is sigma * e(64) of the pipeline's critical path, which is the
-    # step less its data-parallel, optimizer and overhead parts.
+    # step less its data-parallel, optimizer and overhead parts (the overlap contention off: this isolates the term).
     job = Job(CATALOG.model("llama3-70b"), tokens=1e12, seq_len=4096, global_batch=64)
     layout = Layout(tp=8, pp=2, dp=4, micro_batch=1, sequence_parallel=True, recompute="full")
     cluster = Cluster(H100, CATALOG.node("dgx-h100"), 64, Fabric(CATALOG.network("ndr400")))
-    off = estimate_step(job, layout, cluster, CAL, StepOptions(straggler_sigma=0.0))
-    on = estimate_step(job, layout, cluster, CAL, StepOptions(straggler_sigma=GPU_SPEED_SIGMA))
+    off = estimate_step(job, layout, cluster, CAL, StepOptions(straggler_sigma=0.0, overlap_slowdown=0.0))
+    on = estimate_step(job, layout, cluster, CAL, StepOptions(straggler_sigma=GPU_SPEED_SIGMA, overlap_slowdown=0.0))
     assert "sync.stragglers" not in off.parts
     pipeline_s = off.step_s - sum(off.parts[name].exposed_s for name in ("comm.dp", "optimizer", "overhead"))
     expected = pipeline_s * GPU_SPEED_SIGMA * expected_max_normal(64)
@@ -99,7 +99,7 @@ def test_the_step_adds_sigma_times_the_expected_slowest_of_its_gpus() -> None:
     assert math.isclose(on.step_s - off.step_s, expected, rel_tol=1e-9)
     # replicas scope: only what 4 replicas of 16 GPUs add over one, sigma * (e(64) - e(16))
     replicas = estimate_step(job, layout, cluster, CAL, StepOptions(straggler_sigma=GPU_SPEED_SIGMA,
-                                                                    straggler_scope="replicas"))
+                                                                    straggler_scope="replicas", overlap_slowdown=0.0))
     assert math.isclose(replicas.parts["sync.stragglers"].exposed_s, pipeline_s * GPU_SPEED_SIGMA * (
         expected_max_normal(64) - expected_max_normal(16)), rel_tol=1e-9)
 

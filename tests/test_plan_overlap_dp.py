@@ -25,8 +25,9 @@ def _plan(*flags: str) -> dict[str, Any]:
 
 def test_in_line_dp_exposes_exactly_what_overlap_hid() -> None:
     """The same layout both ways: every second the overlapped plan hid under compute is exposed, and nothing else
-    moves, so step(in line) = step(overlapped) + comm.dp's hidden seconds, by hand from the overlapped plan."""
-    overlapped, in_line = _plan(), _plan("--no-overlap-dp")
+    moves, so step(in line) = step(overlapped) + comm.dp's hidden seconds, by hand from the overlapped plan (with the
+    overlap contention off: on, the in-line plan also stops paying the contention of what it no longer hides)."""
+    overlapped, in_line = _plan("--overlap-contention", "off"), _plan("--no-overlap-dp", "--overlap-contention", "off")
     assert overlapped["framework"]["dp_overlap"] is True and in_line["framework"]["dp_overlap"] is False
     after = {plan["layout"]["label"]: plan for plan in in_line["plans"]}
     shared = [plan for plan in overlapped["plans"] if plan["layout"]["label"] in after]

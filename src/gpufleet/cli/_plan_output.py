@@ -16,6 +16,7 @@ from rich.table import Table
 from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.output import Output
+from gpufleet.perf.overlap_contention import OVERLAP_COMPUTE_SLOWDOWN
 from gpufleet.perf.step import fp8_amax_words
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, default_batch_rule, make_plan, pipeline_warning
 from gpufleet.units import format_long_duration as _days
@@ -49,8 +50,9 @@ def framework_note(request: PlanRequest) -> str | None:
     if request.options.straggler_sigma:
         said.append(f"stragglers sigma {request.options.straggler_sigma:.2%} over the "
                     f"{'replicas' if request.options.straggler_scope == 'replicas' else 'job'}")
-    if request.options.overlap_slowdown:
-        said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives")
+    if request.options.overlap_slowdown != OVERLAP_COMPUTE_SLOWDOWN:
+        said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives"
+                    if request.options.overlap_slowdown else "hidden collectives cost compute nothing")
     if request.options.fp8_amax_sync_sigma != judgements().fp8_amax_sync_sigma:
         said.append(fp8_amax_words(request.options))
     if request.options.dp_overlap_window == "micro-batch":

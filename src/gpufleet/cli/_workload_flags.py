@@ -67,11 +67,11 @@ StragglersOption = typer.Option(None, "--stragglers", metavar="SIGMA", help="Wai
 StragglerScopeOption = typer.Option("job", "--straggler-scope", help="With --stragglers: job (the step waits "
                                     "for the slowest of all GPUs, against a median GPU) or replicas (only what "
                                     "data parallelism adds over one replica of tp*pp*cp GPUs) [default: job].")
-OverlapContentionOption = typer.Option(None, "--overlap-contention", metavar="FRACTION|measured", help="Compute "
+OverlapContentionOption = typer.Option(None, "--overlap-contention", metavar="FRACTION|measured|off", help="Compute "
                                        "that runs under a hidden collective runs FRACTION slower (e.g. 0.1 or "
-                                       "10%; `measured`: the measured 18.9 %); compute.overlap-contention in "
-                                       "--explain (docs/residuals.md) [default: off, hidden collectives are "
-                                       "free].")
+                                       "10%; `measured`: the measured 18.9 %, Lee et al. 2025; `off` or 0: hidden "
+                                       "collectives are free); compute.overlap-contention in --explain "
+                                       "(docs/residuals.md) [default: measured].")
 Fsdp2CopiesOption = typer.Option(None, "--fsdp2-copies/--no-fsdp2-copies", help="Price FSDP2's all-gather "
                                  "copy-out and reduce-scatter copy-in on the compute stream for fully sharded "
                                  "layouts (fsdp.copies in --explain; docs/residuals.md) [default: the --stack's: "

@@ -35,7 +35,7 @@ from gpufleet.perf.layer_comm import (
 )
 from gpufleet.perf.moe_host import MoeHost, moe_host_launch
 from gpufleet.perf.offload import activation_offload
-from gpufleet.perf.overlap_contention import COLLECTIVE_PARTS, contention_s
+from gpufleet.perf.overlap_contention import COLLECTIVE_PARTS, OVERLAP_COMPUTE_SLOWDOWN, contention_s
 from gpufleet.perf.parts import Part, comm_parts, compute_parts, step_parts
 from gpufleet.perf.pipeline import PipelineSchedule, device_layer_times, nic_share, pipeline_schedule
 from gpufleet.perf.step_context import Layers, StepContext, layer_computes
@@ -112,9 +112,10 @@ class StepOptions:
     #: FSDP2's all-gather copy-out and reduce-scatter copy-in on the compute stream (perf/fsdp_overheads.py); for
     #: fully sharded layouts of stacks that run PyTorch's fully_shard; off: FSDP1, Megatron's buffers
     fsdp2_copies: bool = False
-    #: compute that runs under a hidden collective runs this much slower (perf/overlap_contention.py:
-    #: OVERLAP_COMPUTE_SLOWDOWN is the measured 18.9 %); 0: hidden collectives are free
-    overlap_slowdown: float = 0.0
+    #: compute that runs under a hidden collective runs this much slower; the default is the measured 18.9 %
+    #: (perf/overlap_contention.py OVERLAP_COMPUTE_SLOWDOWN; on since it improved every out-of-sample score:
+    #: docs/residuals.md); 0: hidden collectives are free
+    overlap_slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
 
 
 @dataclass(frozen=True)
@@ -307,8 +308,8 @@ def _per_step_parts(ctx: StepContext, sync_s: float, fsdp_copy_s: float, amax_s:
 
 
 def _add_contention(ctx: StepContext, parts: dict[str, Part]) -> float:
-    """Seconds compute loses running under the hidden collectives (perf/overlap_contention.py; off unless
-    StepOptions.overlap_slowdown > 0), added to `parts` as compute.overlap-contention when there are any."""
+    """Seconds compute loses running under the hidden collectives (perf/overlap_contention.py; on by default, off
+    when StepOptions.overlap_slowdown is 0), added to `parts` as compute.overlap-contention when there are any."""
     contention = contention_s((parts[name].hidden_s for name in COLLECTIVE_PARTS if name in parts),
                               ctx.options.overlap_slowdown)
     if contention:

@@ -1,8 +1,10 @@
 """The step model's optional terms as `plan` and `validate` turn them on: waiting for the slowest GPU
 (perf/dp_scaling.py, docs/dp-scaling.md), compute slowed under hidden collectives (perf/overlap_contention.py,
 docs/residuals.md), FSDP2's copies on the compute stream (perf/fsdp_overheads.py), FP8 amax
-synchronisation and the interleaved data-parallel overlap window (perf/dp_scaling.py, docs/dp-scaling.md). All off
-by default except FSDP2's copies, which the stack decides (catalog/data/stacks.yaml) unless the user overrides it."""
+synchronisation and the interleaved data-parallel overlap window (perf/dp_scaling.py, docs/dp-scaling.md). On by
+default: the overlap contention at its measured slowdown, the FP8 amax wait at its recorded fit and the chunks
+window; FSDP2's copies as the stack decides (catalog/data/stacks.yaml) unless the user overrides it; the stragglers
+off."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ RECORDED = "recorded"
 #: a normal speed model already puts GPUs at zero speed 5 sigma below the median, so a larger value is a typo such
 #: as 2 for 2 %).
 MAX_STRAGGLER_SIGMA = 0.2
-#: `--overlap-contention measured`: the measured slowdown.
+#: `--overlap-contention measured` (also when not given): the measured slowdown; `off` (or 0): none.
 MEASURED = "measured"
+OFF = "off"
 #: `--fp8-recipe`: the recipes a plan may name (catalog/stacks.py Fp8Recipe).
 FP8_RECIPES: tuple[Fp8Recipe, ...] = get_args(Fp8Recipe)
 
@@ -37,7 +40,7 @@ class ModelTerms:
 
     straggler_sigma: float = 0.0
     straggler_scope: StragglerScope = "job"
-    overlap_slowdown: float = 0.0
+    overlap_slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
     fsdp2_copies: bool | None = None  # None: the stack's setting
     #: perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md); None: the recorded fit (StepOptions' default)
     fp8_amax_sync_sigma: float | None = None
@@ -63,12 +66,13 @@ def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_cont
     if straggler_scope not in STRAGGLER_SCOPES:
         raise InputError(f"--straggler-scope must be job or replicas, got {straggler_scope!r}")
     sigma = 0.0 if stragglers is None else parse_fraction(stragglers, "--stragglers", most=MAX_STRAGGLER_SIGMA)
-    if overlap_contention is None:
-        slowdown = 0.0
-    elif overlap_contention.strip().lower() == MEASURED:
+    word = (overlap_contention or MEASURED).strip().lower()
+    if word == MEASURED:
         slowdown = OVERLAP_COMPUTE_SLOWDOWN
+    elif word == OFF:
+        slowdown = 0.0
     else:
-        slowdown = parse_fraction(overlap_contention, "--overlap-contention (or 'measured')")
+        slowdown = parse_fraction(word, "--overlap-contention (or 'measured' or 'off')")
     amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
     return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies, amax_sigma, window,
                       cast(Fp8Recipe | None, fp8_recipe))

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from gpufleet.catalog.judgements import ConstantFit, judgements
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
+from gpufleet.perf.overlap_contention import OVERLAP_COMPUTE_SLOWDOWN
 from gpufleet.planner.model_terms import DpOverlapWindow, ModelTerms, StragglerScope
 from gpufleet.planner.published_runs import PublishedRun
 from gpufleet.planner.validate import RunPrediction, Summary
@@ -37,7 +38,7 @@ class ValidateRequest(Request):
     dp_overlap: bool = True
     straggler_sigma: float = 0.0
     straggler_scope: StragglerScope = "job"
-    overlap_slowdown: float = 0.0
+    overlap_slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
     fsdp2_copies: bool | None = None
     fp8_amax_sync_sigma: float = Field(default_factory=lambda: judgements().fp8_amax_sync_sigma, ge=0.0, le=0.2)
     dp_overlap_window: DpOverlapWindow = "chunks"
