@@ -202,11 +202,18 @@ def test_the_pruned_search_equals_the_exhaustive_one_with_each_term_on(drawn: tu
         assert (fast.layout, fast.step) == (slow.layout, slow.step)
 
 
-def test_launch_reads_the_terms_back_from_a_plan_file(tmp_path: Path) -> None:
-    """A plan made with the terms on launches: launch re-plans with the file's terms (its framework check passes)
-    and finds the layout the file lists."""
-    planned = run_gpufleet("plan", *SMALL, "--stragglers", "1.5%", "--overlap-contention", "measured",
-                           "--fsdp2-copies", "--json")
+@pytest.mark.parametrize("terms", [
+    ("--stragglers", "1.5%", "--overlap-contention", "measured", "--fsdp2-copies"),
+    ("--overlap-contention", "off", "--dp-overlap-window", "micro-batch"),
+    # FP8 training state of 8B needs more than two GPUs' HBM
+    ("-n", "8", "--precision", "fp8", "--fp8-amax-sync", "0", "--fp8-recipe", "current"),
+])
+def test_launch_reads_the_terms_back_from_a_plan_file(tmp_path: Path, terms: tuple[str, ...]) -> None:
+    """A plan made with terms other than the defaults launches: launch re-plans with every term the file records
+    (its framework check passes) and finds the layout the file lists. (Before, the FP8 amax spread, the overlap
+    window and the FP8 recipe were left at their defaults, and launch refused the file as another version's.)"""
+    job = ("-m", "llama3-8b", "--top", "5") if "-n" in terms else SMALL
+    planned = run_gpufleet("plan", *job, *terms, "--json")
     assert planned.returncode == 0, planned.stderr
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(planned.stdout)

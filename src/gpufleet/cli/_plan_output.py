@@ -13,11 +13,9 @@ from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn
 from rich.table import Table
 
-from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.registry import Catalog
 from gpufleet.cli.output import Output
-from gpufleet.perf.overlap_contention import OVERLAP_COMPUTE_SLOWDOWN
-from gpufleet.perf.step import fp8_amax_words
+from gpufleet.perf.step import StepOptions, fp8_amax_words
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, default_batch_rule, make_plan, pipeline_warning
 from gpufleet.units import format_long_duration as _days
 
@@ -41,21 +39,22 @@ def plan_with_spinner(out: Output, request: PlanRequest, cat: Catalog) -> PlanRe
 
 
 def framework_note(request: PlanRequest) -> str | None:
-    """The header line naming framework settings that differ from Megatron-LM's defaults, or None."""
+    """The header line naming framework settings that differ from Megatron-LM's defaults (StepOptions'), or None."""
+    options, default = request.options, StepOptions()
     said = [request.stack_line] if request.stack_line else []
-    if not request.options.fused_elementwise:
+    if not options.fused_elementwise:
         said.append("eager element-wise kernels (no torch.compile)")
-    if not request.options.dp_overlap:
+    if not options.dp_overlap:
         said.append("data-parallel communication in line (not overlapped)")
-    if request.options.straggler_sigma:
-        said.append(f"stragglers sigma {request.options.straggler_sigma:.2%} over the "
-                    f"{'replicas' if request.options.straggler_scope == 'replicas' else 'job'}")
-    if request.options.overlap_slowdown != OVERLAP_COMPUTE_SLOWDOWN:
-        said.append(f"compute {request.options.overlap_slowdown:.1%} slower under hidden collectives"
-                    if request.options.overlap_slowdown else "hidden collectives cost compute nothing")
-    if request.options.fp8_amax_sync_sigma != judgements().fp8_amax_sync_sigma:
-        said.append(fp8_amax_words(request.options))
-    if request.options.dp_overlap_window == "micro-batch":
+    if options.straggler_sigma:
+        said.append(f"stragglers sigma {options.straggler_sigma:.2%} over the "
+                    f"{'replicas' if options.straggler_scope == 'replicas' else 'job'}")
+    if options.overlap_slowdown != default.overlap_slowdown:
+        said.append(f"compute {options.overlap_slowdown:.1%} slower under hidden collectives"
+                    if options.overlap_slowdown else "hidden collectives cost compute nothing")
+    if options.fp8_amax_sync_sigma != default.fp8_amax_sync_sigma:
+        said.append(fp8_amax_words(options))
+    if options.dp_overlap_window != default.dp_overlap_window:
         said.append("data-parallel reduction hidden behind one micro-batch only")
     return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None
 

@@ -144,8 +144,10 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
             overlap_ep=framework["ep_comm_overlap"], ep_dispatch=framework["ep_dispatch"],
             selective_policy=framework["selective_policy"], eager=not framework["fused_elementwise"],
             stack=framework["stack"],
-            terms=ModelTerms(float(framework.get("straggler_sigma", 0.0)), framework.get("straggler_scope", "job"),
-                             float(framework.get("overlap_slowdown", 0.0)), framework.get("fsdp2_copies")),
+            terms=ModelTerms(float(framework["straggler_sigma"]), framework["straggler_scope"],
+                             float(framework["overlap_slowdown"]), framework["fsdp2_copies"],
+                             float(framework["fp8_amax_sync_sigma"]), framework["dp_overlap_window"],
+                             framework["fp8_recipe"]),
             overlap_dp=framework.get("dp_overlap"),
             pins=LayoutPins.from_saved(saved.request.get("pins", {}), f"--plan {path}: request.pins"))
         return given, cluster.gpus, label
