@@ -310,6 +310,25 @@ def test_grouped_expert_gemms_launch_once_for_all_local_experts_by_hand() -> Non
         assert "host launches 96 kernels/layer" in grouped.parts["host.moe"].link
 
 
+def test_cuda_graphed_router_and_preprocess_launch_once_by_hand() -> None:
+    # Megatron-Bridge's Blackwell MoE presets capture the router and the dispatcher's preprocessing in CUDA graphs
+    # (cuda_graph_modules moe_router, moe_preprocess). Their 10 + 6 of the layer's 26 fixed forward kernels become
+    # one graph launch: 26 - 16 + 1 + 6 x 16 = 107 forward, 3 x 107 = 321 with the backward, 3.21 ms per layer and
+    # micro-batch at 10 us (366 without graphs). The router alone: 26 - 10 + 1 + 96 = 113, 339 in all; the
+    # attention's graph is not a MoE kernel and changes nothing here.
+    qwen = CATALOG.model("qwen3-30b-a3b")
+    job = Job(qwen, tokens=1e12, seq_len=4096, global_batch=64)
+    layout = Layout(tp=1, ep=8, dp=8, micro_batch=1)
+    m, layers = 8, 48
+    for modules, kernels in ((("moe_router", "moe_preprocess"), 321), (("moe_router",), 339), (("attn",), 366),
+                             ((), 366)):
+        step = estimate_step(job, layout, cluster(8), CAL, StepOptions(dp_overlap=False,
+                                                                        moe_cuda_graph_modules=modules))
+        assert math.isclose(step.parts["host.moe"].exposed_s, m * layers * kernels * 10e-6, rel_tol=1e-9)
+        assert (f"host launches {kernels} kernels/layer" in step.parts["host.moe"].link)
+        assert ("CUDA graph" in step.parts["host.moe"].link) == ("moe_router" in modules)
+
+
 def test_expected_destinations_by_hand() -> None:
     # 16 experts on 2 nodes, top-2 without replacement: a node is missed with probability C(8,2)/C(16,2) = 28/120.
     assert expected_destinations(16, 2, 2) == pytest.approx(2 * (1 - 28 / 120))

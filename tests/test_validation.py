@@ -494,6 +494,70 @@ def test_moe_settings_need_a_source(tmp_path: Path) -> None:
         load_runs(path)
 
 
+def test_a_runs_cuda_graphs_reach_its_step_options(tmp_path: Path) -> None:
+    # The Blackwell presets of Megatron-Bridge capture the MoE router and preprocessing in CUDA graphs (26.02
+    # QWEN3_30B_A3B_PRETRAIN_CONFIG_B200_FP8_CS_V1: cuda_graph_scope ["moe_router", "moe_preprocess"]); the H100 FP8
+    # presets capture nothing. Each run says so in moe_settings, and only that run's host term gets it.
+    runs = {run.id: run for run in load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))}
+    b200, h100 = runs["mbridge-2602-b200-qwen3-30b-a3b-8gpu"], runs["mbridge-2602-h100-qwen3-30b-a3b-16gpu"]
+    assert _options(b200).moe_cuda_graph_modules == ("moe_router", "moe_preprocess")
+    assert _options(h100).moe_cuda_graph_modules == ()
+    catalog = load_catalog()
+    graphed = predict_run(b200, catalog)
+    bare = predict_run(b200.model_copy(update={"moe_settings": None}), catalog)
+    assert graphed.step is not None and bare.step is not None
+    assert graphed.step.parts["host.moe"].exposed_s < bare.step.parts["host.moe"].exposed_s
+    # Megatron-Core captures the preprocessing only together with the router: a run file that lists it alone is
+    # refused with one line naming the rule
+    run = b200.model_dump()
+    run["moe_settings"]["cuda_graph_modules"] = ["moe_preprocess"]
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([run]))
+    with pytest.raises(GpufleetError, match="moe_router"):
+        load_runs(path)
+
+
+def test_a_runs_layer_counts_are_its_layout(tmp_path: Path) -> None:
+    # Megatron-Bridge's GB200 Llama 3 70B FP8-CS presets keep 40 layers' activations in CPU memory (v0.2.0
+    # LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG, v0.3.0 ..._GB200_FP8_CS_V2: cpu_offloading_num_layers=40): the runs say
+    # so, and validate prices that layout, not the search's own fill; the memory model thinks it does not fit, and
+    # the row says so rather than choosing another count
+    catalog = load_catalog()
+    runs = {run.id: run for run in load_runs(shipped_runs_path("megatron_bridge_fitted.yaml"))}
+    for run_id in ("mbridge-2511-gb200-llama3-70b-64gpu", "mbridge-2602-gb200-llama3-70b-64gpu-fp8-cs"):
+        run = runs[run_id]
+        assert run.layout.offload_activation_layers == 40 and run.layout.recompute == "none"
+        prediction = predict_run(run, catalog)
+        assert prediction.layout is not None and prediction.layout.offload_activation_layers == 40
+        assert prediction.memory_rejected and "published layout" in (prediction.reason or "")
+    # block recompute of some layers is full recompute of those layers: a run that gives only the count gets
+    # recompute full; the step recomputes 5 of the stage's 32 layers, between none and all
+    base = runs["mbridge-2511-h100-llama3-8b-8gpu"]
+    steps = {}
+    for recompute, count in (("none", None), ("full", None), (None, 5)):
+        layout = base.layout.model_copy(update={"recompute": recompute, "recompute_layers": count})
+        prediction = predict_run(base.model_copy(update={"layout": layout}), catalog)
+        assert prediction.step is not None and prediction.layout is not None
+        steps[count or recompute] = prediction.step.step_s
+    assert prediction.layout.recompute == "full" and prediction.layout.recompute_layers == 5
+    assert steps["none"] < steps[5] < steps["full"]
+    # a count with another recompute mode is refused with one line
+    row = base.model_dump()
+    row["layout"].update(recompute="selective", recompute_layers=5)
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([row]))
+    with pytest.raises(GpufleetError, match="recompute must be full"):
+        load_runs(path)
+
+
+def test_automodel_attention_is_transformer_engines_cudnn() -> None:
+    # AutoModel's benchmark configs set backend.attn: te, and Transformer Engine prefers its cuDNN FusedAttention on
+    # Hopper: the runs are priced with the cuDNN fraction, like Megatron-Bridge's
+    catalog = load_catalog()
+    for run in load_runs(shipped_runs_path("automodel_fitted.yaml")):
+        assert predict_run(run, catalog).attention_kernel == "cudnn"
+
+
 def test_automodel_benchmarks_route_through_a_balanced_gate() -> None:
     # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler
     run = load_runs(shipped_runs_path("automodel_fitted.yaml"))[0]
@@ -515,7 +579,8 @@ def test_regression_guard_megatron_bridge_2604_moe_holdout() -> None:
     # Held out (in no fit's set): the seven MoE rows of Megatron-Bridge's 26.04 container whose models the catalog has,
     # added after the MoE run settings were fitted (docs/moe.md). When first scored: H100 Qwen3-30B-A3B and 235B-A22B
     # -1.0 / +2.0 % (-29.3 / -24.8 % without the runs' moe_settings: the overlap and the once-per-destination dispatch
-    # are what closes them); the Blackwell rows (MXFP8, HybridEP, CUDA graphs) -11.5 ... -20.5 %, median 14.1 %.
+    # are what closes them); the Blackwell rows (MXFP8, HybridEP, CUDA graphs) -11.5 ... -20.5 %, median 14.1 %;
+    # with the runs' CUDA-graphed router and preprocessing recorded, -9.2 ... -14.0 %, median 10.4 %.
     catalog = load_catalog()
     runs = load_runs(shipped_runs_path("megatron_bridge_2604_holdout.yaml"))
     assert shipped_runs_path("megatron_bridge_2604_holdout.yaml") not in fitted_run_paths()

@@ -69,6 +69,8 @@ class Judgements(BaseModel):
     moe_fixed_kernels_fwd: int = Field(ge=0)
     moe_kernels_per_local_expert_fwd: int = Field(ge=0)
     moe_backward_kernel_ratio: float = Field(gt=0)
+    moe_router_kernels_fwd: int = Field(ge=0)
+    moe_preprocess_kernels_fwd: int = Field(ge=0)
     elementwise_hidden_passes: int = Field(gt=0)
     mla_alternate_matmul_share: float = Field(ge=0, le=1)
     moe_alternate_matmul_share: float = Field(ge=0, le=1)

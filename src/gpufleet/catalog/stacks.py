@@ -86,6 +86,11 @@ Fp8AmaxGroup = Literal["tp-dp-cp", "tp"]
 #: local experts (grouped_gemm's `gmm`, torch._grouped_mm). Sets how the MoE host launch cost grows with local experts.
 MoeExpertKernels = Literal["per-expert", "grouped"]
 
+#: Parts of a transformer layer Megatron-Core captures in per-layer CUDA graphs (`--cuda-graph-modules`, with
+#: `--cuda-graph-impl transformer_engine`): "moe_router" up to the router, "moe_preprocess" the token dispatcher's
+#: preprocessing (needs "moe_router"), "attn" the attention block. Graphed kernels are replayed by one launch.
+CudaGraphModule = Literal["attn", "moe_router", "moe_preprocess"]
+
 
 class SourcedMoeExpertKernels(Sourced[MoeExpertKernels]):
     pass

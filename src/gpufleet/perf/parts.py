@@ -69,7 +69,8 @@ def _tp_part(ctx: StepContext, tp: TensorParallelComm) -> Part:
 
 def _moe_host_part(ctx: StepContext, host: MoeHost, moe_per_stage: float) -> Part:
     kernels = round(host.launch_s / ctx.calibration.host_s_per_kernel)
-    bound = (f"host launches {kernels} kernels/layer"
+    graphed = " (router in a CUDA graph)" if "moe_router" in ctx.options.moe_cuda_graph_modules else ""
+    bound = (f"host launches {kernels} kernels/layer{graphed}"
              + (", dropless sync" if ctx.options.moe_dropless else ", runs ahead (token-drop)"))
     m = ctx.micro_batches
     return Part(m * moe_per_stage * host.exposed_s, m * moe_per_stage * (host.launch_s - host.exposed_s), bound)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
-from gpufleet.catalog.stacks import Fp8AmaxGroup, Fp8Recipe, MoeExpertKernels
+from gpufleet.catalog.stacks import CudaGraphModule, Fp8AmaxGroup, Fp8Recipe, MoeExpertKernels
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -93,6 +93,9 @@ class StepOptions:
     #: Megatron-Core's TEGroupedMLP runs it); "grouped": one grouped GEMM covers every local expert (grouped_gemm's
     #: gmm, torch._grouped_mm), so the MoE host cost does not grow with the local experts (perf/moe_host.py)
     moe_expert_kernels: MoeExpertKernels = "per-expert"
+    #: layer parts captured in CUDA graphs (Megatron-Core's cuda_graph_modules): the MoE router's and the
+    #: dispatcher's preprocessing kernels then cost the host one graph launch (perf/moe_host.py); none by default
+    moe_cuda_graph_modules: tuple[CudaGraphModule, ...] = ()
     #: relative spread of per-GPU speed: the step waits for the slowest of the job's GPUs (perf/dp_scaling.py;
     #: dp_scaling.GPU_SPEED_SIGMA is the sourced value); 0: off. Scope "job": over a median GPU; "replicas": only
     #: what dp adds over one replica of tp*pp*cp GPUs

@@ -14,7 +14,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
 from gpufleet.catalog.records import ModelSpec, MoESpec, NodeSpec
@@ -23,6 +30,7 @@ from gpufleet.catalog.stacks import (
     DEFAULT_STACK,
     MEMORY_SETTINGS,
     STEP_SETTINGS,
+    CudaGraphModule,
     Fp8AmaxGroup,
     Fp8Recipe,
     StackChoice,
@@ -83,6 +91,24 @@ class RunLayout(BaseModel):
     #: gpufleet extension of the run schema (docs/runs.md): Megatron-Core's --expert-tensor-parallel-size (null: the
     #: stack recipe's, else the convention of `expert_parallel_degrees`)
     expert_tp: int | None = Field(default=None, ge=1)
+    #: gpufleet extensions (docs/runs.md): block recompute of this many layers per pipeline chunk (Megatron-Core's
+    #: --recompute-method block --recompute-num-layers; implies recompute "full"), and the layers whose activations
+    #: are kept in CPU memory (--cpu-offloading-num-layers); null: what the search fills
+    recompute_layers: int | None = Field(default=None, ge=1)
+    offload_activation_layers: int | None = Field(default=None, ge=1)
+
+    def layer_counts(self) -> dict[str, int]:
+        """The layer counts the run states (recompute_layers, offload_activation_layers), for Layout."""
+        counts = {"recompute_layers": self.recompute_layers,
+                  "offload_activation_layers": self.offload_activation_layers}
+        return {name: count for name, count in counts.items() if count is not None}
+
+    @model_validator(mode="after")
+    def _block_recompute_is_full(self) -> RunLayout:
+        if self.recompute_layers is not None and self.recompute not in (None, "full"):
+            raise ValueError(f"recompute_layers counts block-recomputed layers, so recompute must be full "
+                             f"(or null), not {self.recompute}")
+        return self
 
 
 class RunMoESettings(BaseModel):
@@ -96,7 +122,18 @@ class RunMoESettings(BaseModel):
     #: "dedup": a token sent once per destination (Megatron-Core's flex dispatcher with DeepEP or HybridEP);
     #: "all-to-all": once per routed expert (the alltoall dispatcher): StepOptions.ep_dispatch
     ep_dispatch: Literal["all-to-all", "dedup"] | None = None
+    #: the layer parts the run captured in CUDA graphs (Megatron-Core's cuda_graph_modules with
+    #: cuda_graph_impl transformer_engine): StepOptions.moe_cuda_graph_modules
+    cuda_graph_modules: list[CudaGraphModule] | None = None
     source: str = Field(min_length=1)
+
+    @field_validator("cuda_graph_modules")
+    @classmethod
+    def _preprocess_needs_router(cls, modules: list[CudaGraphModule] | None) -> list[CudaGraphModule] | None:
+        if modules and "moe_preprocess" in modules and "moe_router" not in modules:
+            raise ValueError("moe_preprocess is captured with moe_router (Megatron-Core requires both); "
+                             "list moe_router too")
+        return modules
 
 
 class RunFp8Settings(BaseModel):
@@ -372,6 +409,7 @@ def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions |
     own: dict[str, Any] = {
         "fused_elementwise": False if run.elementwise == "eager" else None,
         "ep_comm_overlap": moe.ep_overlap if moe else None, "ep_dispatch": moe.ep_dispatch if moe else None,
+        "moe_cuda_graph_modules": tuple(moe.cuda_graph_modules) if moe and moe.cuda_graph_modules else None,
         "fp8_recipe": fp8.recipe if fp8 else None, "fp8_amax_group": fp8.amax_group if fp8 else None}
     return replace(options, **{name: value for name, value in own.items() if value is not None})
 

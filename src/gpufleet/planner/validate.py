@@ -181,37 +181,31 @@ def _predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | Non
         result.attention_kernel = calibration.attention_kernel
         fixed = _published_fields(run, job, stack)
         result.filled = [name for name in _FILLABLE if fixed[name] is None]
+        counts = given.layer_counts()  # the run's block-recompute and offload counts, applied over any fill
         if not result.filled:
-            layout = Layout(**dict(fixed.items()))
-            validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)  # says what is wrong
-            outcome = evaluate(job, layout, cluster, calibration, options)
-            if isinstance(outcome, Infeasible):
-                if outcome.reason != "memory":
-                    result.status, result.reason = "skipped", outcome.reason
-                    return result
-                result.memory_rejected = True
-                result.reason = (f"memory model rejects the published layout: {outcome.over_bytes / 2**30:.1f} GiB "
-                                 "over HBM")
-                return _predict_despite_memory(result, job, layout, cluster, calibration, options)
-            candidate = outcome
-        else:
-            space = stack_search_space(stack, SearchSpace())  # plan --stack's space
-            # keep=1: only the fastest fill is used; the pruned search's best is the exhaustive one's
-            # (tests/test_search_prune.py), and each run's search then skips estimating layouts that cannot win
-            found = search(job, cluster, calibration, space=space, fixed=fixed, options=options, keep=1)
-            if found.best is None:
-                if not found.closest_misses:
-                    result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})" \
-                        if found.infeasible else f"no legal layout: {pinned_layout_problem(run)}"
-                    return result
-                layout, over = found.closest_misses[0]
-                result.memory_rejected = True
-                result.reason = (f"memory model rejects every fill of the published fields: closest "
-                                 f"{over / 2**30:.1f} GiB over HBM")
-                return _predict_despite_memory(result, job, layout, cluster, calibration, options)
-            candidate = found.best
-        result.layout, result.step = candidate.layout, candidate.step
-        result.predicted_tokens_per_s_per_gpu = candidate.step.tokens_per_s_per_gpu
+            layout = Layout(**dict(fixed.items())).with_(**counts)
+            return _predict_layout(result, job, layout, cluster, calibration, options)
+        space = stack_search_space(stack, SearchSpace())  # plan --stack's space
+        # keep=1: only the fastest fill is used; the pruned search's best is the exhaustive one's
+        # (tests/test_search_prune.py), and each run's search then skips estimating layouts that cannot win
+        found = search(job, cluster, calibration, space=space, fixed=fixed, options=options, keep=1)
+        if found.best is not None:
+            if counts:
+                return _predict_layout(result, job, found.best.layout.with_(**counts), cluster, calibration, options)
+            result.layout, result.step = found.best.layout, found.best.step
+            result.predicted_tokens_per_s_per_gpu = found.best.step.tokens_per_s_per_gpu
+            return result
+        if not found.closest_misses:
+            result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})" \
+                if found.infeasible else f"no legal layout: {pinned_layout_problem(run)}"
+            return result
+        layout, over = found.closest_misses[0]
+        if counts:  # the fill the memory model rejected without the run's own offload or block recompute
+            return _predict_layout(result, job, layout.with_(**counts), cluster, calibration, options)
+        result.memory_rejected = True
+        result.reason = (f"memory model rejects every fill of the published fields: closest {over / 2**30:.1f} GiB "
+                         "over HBM")
+        return _predict_despite_memory(result, job, layout, cluster, calibration, options)
     except GpufleetError as error:
         result.status, result.reason = "skipped", str(error)
     return result
@@ -227,10 +221,30 @@ def _published_fields(run: PublishedRun, job: Job, stack: StackRecord) -> dict[s
         fixed["cp"] = 1 if (given.tp or 1) * (given.pp or 1) * (given.dp or 1) == run.hardware.num_gpus else None
     if job.model.moe is not None:
         fixed["expert_tp"] = given.expert_tp  # the run's own word wins over the stack's
+    if given.recompute_layers is not None and fixed["recompute"] is None:
+        fixed["recompute"] = "full"  # block recompute of some layers is full recompute of those
     filled = stack_layout_defaults(stack, fixed, job, local_batches=(given.dp or 1) * (given.pp or 1))
     if job.model.moe is None:
         filled.pop("expert_tp", None)
     return filled
+
+
+def _predict_layout(result: RunPrediction, job: Job, layout: Layout, cluster: Cluster,
+                    calibration: CalibrationProfile, options: StepOptions) -> RunPrediction:
+    """`result` with the step of one whole published layout; a layout the memory model rejects is predicted anyway
+    (the run did fit) and says so; any other reason it cannot run skips the run."""
+    validate_layout(layout, job.model, cluster.gpus, job.global_batch, job.seq_len)  # says what is wrong
+    outcome = evaluate(job, layout, cluster, calibration, options)
+    if isinstance(outcome, Infeasible):
+        if outcome.reason != "memory":
+            result.status, result.reason = "skipped", outcome.reason
+            return result
+        result.memory_rejected = True
+        result.reason = f"memory model rejects the published layout: {outcome.over_bytes / 2**30:.1f} GiB over HBM"
+        return _predict_despite_memory(result, job, layout, cluster, calibration, options)
+    result.layout, result.step = outcome.layout, outcome.step
+    result.predicted_tokens_per_s_per_gpu = outcome.step.tokens_per_s_per_gpu
+    return result
 
 
 def _predict_despite_memory(result: RunPrediction, job: Job, layout: Layout, cluster: Cluster,
