@@ -223,9 +223,10 @@ def test_launch_check_prices_a_file_with_its_frameworks_stack(tmp_path: Path) ->
 def test_the_validate_request_refuses_what_the_cli_refuses() -> None:
     """`validate --cross-validate --fsdp2-copies` is refused by the request itself, with the CLI's words."""
     from gpufleet.errors import InputError
+    from gpufleet.planner.model_terms import ModelTerms
     from gpufleet.planner.validate_request import ValidateRequest
 
     with pytest.raises(InputError, match="does not reach --cross-validate"):
-        ValidateRequest(cross_validate=True, fsdp2_copies=True)
+        ValidateRequest(cross_validate=True, terms=ModelTerms(fsdp2_copies=True))
     line = one_error_line(run_gpufleet("validate", "--cross-validate", "--fsdp2-copies"))
     assert "does not reach --cross-validate" in line

@@ -64,7 +64,7 @@ StragglersOption = typer.Option(None, "--stragglers", metavar="SIGMA", help="Wai
                                 "speed spreads with relative standard deviation SIGMA (e.g. 0.015 or 1.5%, the "
                                 "measured spread; at most 20%) and each step waits for the slowest of the job's "
                                 "GPUs (sync.stragglers in --explain; docs/dp-scaling.md) [default: off].")
-StragglerScopeOption = typer.Option("job", "--straggler-scope", help="With --stragglers: job (the step waits "
+StragglerScopeOption = typer.Option(None, "--straggler-scope", help="With --stragglers: job (the step waits "
                                     "for the slowest of all GPUs, against a median GPU) or replicas (only what "
                                     "data parallelism adds over one replica of tp*pp*cp GPUs) [default: job].")
 OverlapContentionOption = typer.Option(None, "--overlap-contention", metavar="FRACTION|measured|off", help="Compute "
@@ -87,7 +87,7 @@ Fp8RecipeOption = typer.Option(None, "--fp8-recipe", help="How your FP8 run scal
                                "(Transformer Engine's current scaling, torchao's tensorwise), mx (MXFP8) or blockwise; "
                                "only delayed meets the other replicas, so only it takes --fp8-amax-sync's wait "
                                "[default: the --stack's recipe; Megatron-Core's delayed].")
-DpOverlapWindowOption = typer.Option("chunks", "--dp-overlap-window", help="What an interleaved pipeline's "
+DpOverlapWindowOption = typer.Option(None, "--dp-overlap-window", help="What an interleaved pipeline's "
                                      "data-parallel reduction hides behind: micro-batch (one micro-batch's backward "
                                      "of the stage) or chunks (each model chunk behind the chunks after it; "
                                      "docs/dp-scaling.md) [default: chunks].")

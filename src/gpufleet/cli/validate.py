@@ -128,11 +128,11 @@ def register(app: typer.Typer) -> None:
                                          "parity plot (one colour per source), the error table and the summary "
                                          "figures (docs/report.md)."),
         stragglers: str | None = StragglersOption,
-        straggler_scope: str = StragglerScopeOption,
+        straggler_scope: str | None = StragglerScopeOption,
         overlap_contention: str | None = OverlapContentionOption,
         fsdp2_copies: bool | None = Fsdp2CopiesOption,
         fp8_amax_sync: str | None = Fp8AmaxSyncOption,
-        dp_overlap_window: str = DpOverlapWindowOption,
+        dp_overlap_window: str | None = DpOverlapWindowOption,
         catalog: list[Path] = CatalogOption,
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
@@ -153,10 +153,7 @@ def register(app: typer.Typer) -> None:
         out, terms = Output(json), parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies,
                                                      fp8_amax_sync, dp_overlap_window)
         request = ValidateRequest(runs=tuple(runs) if runs else None, cross_validate=cross_validate, rank=rank,
-                                  node=node, dp_overlap=dp_overlap, straggler_sigma=terms.straggler_sigma,
-                                  straggler_scope=terms.straggler_scope, overlap_slowdown=terms.overlap_slowdown,
-                                  fsdp2_copies=terms.fsdp2_copies, fp8_amax_sync_sigma=terms.fp8_amax_sync_sigma,
-                                  dp_overlap_window=terms.dp_overlap_window)
+                                  node=node, dp_overlap=dp_overlap, terms=terms)
         _check_outputs(plot, html_report)
         report = validate_runs(request, open_catalog(with_calibration(catalog, calibration)))
         _write_figures(report, plot, html_report)

@@ -8,7 +8,7 @@ off."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, cast, get_args
 
 from gpufleet.catalog.stacks import Fp8Recipe
@@ -36,57 +36,62 @@ FP8_RECIPES: tuple[Fp8Recipe, ...] = get_args(Fp8Recipe)
 
 @dataclass(frozen=True)
 class ModelTerms:
-    """The optional step terms a user asked for; `apply` puts them on a stack's StepOptions."""
+    """The optional step terms a user asked for; `apply` puts them on a stack's StepOptions. Each None is a term
+    the user left alone: it keeps what the options already say (StepOptions' default, or the stack's), so the
+    defaults have one owner, StepOptions."""
 
-    straggler_sigma: float = 0.0
-    straggler_scope: StragglerScope = "job"
-    overlap_slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
-    fsdp2_copies: bool | None = None  # None: the stack's setting
-    #: perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md); None: the recorded fit (StepOptions' default)
-    fp8_amax_sync_sigma: float | None = None
-    dp_overlap_window: DpOverlapWindow = "chunks"  # perf/dp_scaling.py interleaved_exposed_s
-    fp8_recipe: Fp8Recipe | None = None  # None: the stack's (StepOptions.fp8_recipe)
+    straggler_sigma: float | None = None  # perf/dp_scaling.py straggler_s
+    straggler_scope: StragglerScope | None = None
+    overlap_slowdown: float | None = None  # perf/overlap_contention.py
+    fsdp2_copies: bool | None = None  # perf/fsdp_overheads.py
+    fp8_amax_sync_sigma: float | None = None  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md)
+    dp_overlap_window: DpOverlapWindow | None = None  # perf/dp_scaling.py interleaved_exposed_s
+    fp8_recipe: Fp8Recipe | None = None
 
     def apply(self, options: StepOptions) -> StepOptions:
-        copies = options.fsdp2_copies if self.fsdp2_copies is None else self.fsdp2_copies
-        recipe = options.fp8_recipe if self.fp8_recipe is None else self.fp8_recipe
-        amax = options.fp8_amax_sync_sigma if self.fp8_amax_sync_sigma is None else self.fp8_amax_sync_sigma
-        return replace(options, straggler_sigma=self.straggler_sigma, straggler_scope=self.straggler_scope,
-                       overlap_slowdown=self.overlap_slowdown, fsdp2_copies=copies,
-                       fp8_amax_sync_sigma=amax, dp_overlap_window=self.dp_overlap_window,
-                       fp8_recipe=recipe)
+        given = {name: value for name, value in asdict(self).items() if value is not None}
+        return replace(options, **given)
 
 
-def parse_model_terms(stragglers: str | None, straggler_scope: str, overlap_contention: str | None,
+def parse_model_terms(stragglers: str | None, straggler_scope: str | None, overlap_contention: str | None,
                       fsdp2_copies: bool | None, fp8_amax_sync: str | None = None,
-                      dp_overlap_window: str = "chunks", fp8_recipe: str | None = None) -> ModelTerms:
-    """The flags' values as given (None: not given), checked: one line naming the flag when one is wrong."""
+                      dp_overlap_window: str | None = None, fp8_recipe: str | None = None) -> ModelTerms:
+    """The flags' values as given (None: not given, the term keeps StepOptions' default), checked: one line naming
+    the flag when one is wrong."""
     if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
         raise InputError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
-    if straggler_scope not in STRAGGLER_SCOPES:
+    if straggler_scope is not None and straggler_scope not in STRAGGLER_SCOPES:
         raise InputError(f"--straggler-scope must be job or replicas, got {straggler_scope!r}")
-    sigma = 0.0 if stragglers is None else parse_fraction(stragglers, "--stragglers", most=MAX_STRAGGLER_SIGMA)
-    word = (overlap_contention or MEASURED).strip().lower()
-    if word == MEASURED:
-        slowdown = OVERLAP_COMPUTE_SLOWDOWN
-    elif word == OFF:
-        slowdown = 0.0
-    else:
-        slowdown = parse_fraction(word, "--overlap-contention (or 'measured' or 'off')")
+    sigma = None if stragglers is None else parse_fraction(stragglers, "--stragglers", most=MAX_STRAGGLER_SIGMA)
     amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
-    return ModelTerms(sigma, cast(StragglerScope, straggler_scope), slowdown, fsdp2_copies, amax_sigma, window,
-                      cast(Fp8Recipe | None, fp8_recipe))
+    return ModelTerms(sigma, cast(StragglerScope | None, straggler_scope), _overlap_slowdown(overlap_contention),
+                      fsdp2_copies, amax_sigma, window, cast(Fp8Recipe | None, fp8_recipe))
 
 
-def parse_dp_scaling_terms(fp8_amax_sync: str | None, dp_overlap_window: str) -> tuple[float, DpOverlapWindow]:
-    """--fp8-amax-sync (a spread, `0` for off, or `recorded`: also when not given) and --dp-overlap-window, checked:
-    one line naming the flag when one is wrong."""
-    if dp_overlap_window not in DP_OVERLAP_WINDOWS:
+def _overlap_slowdown(overlap_contention: str | None) -> float | None:
+    """--overlap-contention: `measured` (the measured slowdown), `off` (0) or a fraction; None when not given."""
+    if overlap_contention is None:
+        return None
+    word = overlap_contention.strip().lower()
+    if word == MEASURED:
+        return OVERLAP_COMPUTE_SLOWDOWN
+    if word == OFF:
+        return 0.0
+    return parse_fraction(word, "--overlap-contention (or 'measured' or 'off')")
+
+
+def parse_dp_scaling_terms(fp8_amax_sync: str | None,
+                           dp_overlap_window: str | None) -> tuple[float | None, DpOverlapWindow | None]:
+    """--fp8-amax-sync (a spread, `0` for off, or `recorded`: the recorded fit) and --dp-overlap-window, checked:
+    one line naming the flag when one is wrong; None for a flag not given."""
+    if dp_overlap_window is not None and dp_overlap_window not in DP_OVERLAP_WINDOWS:
         raise InputError(f"--dp-overlap-window must be micro-batch or chunks, got {dp_overlap_window!r}")
-    if fp8_amax_sync is None or fp8_amax_sync.strip().lower() == RECORDED:
+    if fp8_amax_sync is None:
+        sigma = None
+    elif fp8_amax_sync.strip().lower() == RECORDED:
         from gpufleet.catalog.judgements import judgements
 
         sigma = judgements().fp8_amax_sync_sigma
     else:
         sigma = parse_fraction(fp8_amax_sync, "--fp8-amax-sync (or 'recorded')", most=MAX_STRAGGLER_SIGMA)
-    return sigma, cast(DpOverlapWindow, dp_overlap_window)
+    return sigma, cast(DpOverlapWindow | None, dp_overlap_window)

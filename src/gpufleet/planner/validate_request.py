@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from gpufleet.catalog.judgements import ConstantFit, judgements
+from gpufleet.catalog.judgements import ConstantFit
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
-from gpufleet.perf.overlap_contention import OVERLAP_COMPUTE_SLOWDOWN
-from gpufleet.planner.model_terms import DpOverlapWindow, ModelTerms, StragglerScope
+from gpufleet.planner.model_terms import ModelTerms
 from gpufleet.planner.published_runs import PublishedRun
 from gpufleet.planner.validate import RunPrediction, Summary
 from gpufleet.request import Request
@@ -36,24 +35,14 @@ class ValidateRequest(Request):
     rank: bool = False
     node: str | None = None
     dp_overlap: bool = True
-    straggler_sigma: float = 0.0
-    straggler_scope: StragglerScope = "job"
-    overlap_slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
-    fsdp2_copies: bool | None = None
-    fp8_amax_sync_sigma: float = Field(default_factory=lambda: judgements().fp8_amax_sync_sigma, ge=0.0, le=0.2)
-    dp_overlap_window: DpOverlapWindow = "chunks"
+    terms: ModelTerms = ModelTerms()  # the step model's optional terms; None in each: StepOptions' default
 
     @model_validator(mode="after")
     def _refits_take_the_stacks_copies(self) -> ValidateRequest:
-        if self.cross_validate and self.fsdp2_copies is not None:
+        if self.cross_validate and self.terms.fsdp2_copies is not None:
             raise InputError("--fsdp2-copies/--no-fsdp2-copies does not reach --cross-validate's refits yet: "
                              "leave it to each run's stack there")
         return self
-
-    @property
-    def terms(self) -> ModelTerms:
-        return ModelTerms(self.straggler_sigma, self.straggler_scope, self.overlap_slowdown, self.fsdp2_copies,
-                          self.fp8_amax_sync_sigma, self.dp_overlap_window)
 
 
 @dataclass
@@ -159,16 +148,16 @@ def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
 
     loaded = load_request_runs(request, catalog)
     terms = request.terms
-    options = terms.apply(StepOptions(dp_overlap=request.dp_overlap))
+    options = terms.apply(StepOptions(dp_overlap=request.dp_overlap))  # fsdp2_copies None: each run's stack
     predictions = predict_runs(loaded, catalog, options, request)
     summary = summarize(predictions)
     data: dict[str, Any] = {"runs": [p.as_dict() for p in predictions], "summary": summary.as_dict(),
-                            "options": {"straggler_sigma": terms.straggler_sigma,
-                                        "straggler_scope": terms.straggler_scope,
-                                        "overlap_slowdown": terms.overlap_slowdown,
+                            "options": {"straggler_sigma": options.straggler_sigma,
+                                        "straggler_scope": options.straggler_scope,
+                                        "overlap_slowdown": options.overlap_slowdown,
                                         "fsdp2_copies": terms.fsdp2_copies,
-                                        "fp8_amax_sync_sigma": terms.fp8_amax_sync_sigma,
-                                        "dp_overlap_window": terms.dp_overlap_window}}
+                                        "fp8_amax_sync_sigma": options.fp8_amax_sync_sigma,
+                                        "dp_overlap_window": options.dp_overlap_window}}
     if not request.runs:
         data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
         if request.node is None:  # a --node names the measured cluster of the fitted files' runs, not these
