@@ -7,7 +7,7 @@ recorded values, every fit at the low end of its grid, at its high end, at its m
 the objective they reach: the sum over fits of |log error| over the runs each fit selects. The shipped refit is
 the one from the recorded values; a fold where another start reaches a lower objective is marked.
 
-Usage: PYTHONPATH=src .venv/bin/python scripts/refit_starts.py   (about two minutes on two shared cores)
+Usage: PYTHONPATH=src .venv/bin/python scripts/refit_starts.py   (about four minutes on two shared cores)
 """
 
 from __future__ import annotations

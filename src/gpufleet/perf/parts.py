@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpufleet.perf.layer_comm import ExpertParallelComm, LayerComm, TensorParallelComm
-from gpufleet.perf.moe_host import MoeHost
+from gpufleet.perf.moe_host import MoeHost, graph_captured_kernels
 from gpufleet.perf.pipeline import PipelineSchedule
 from gpufleet.perf.step_context import Layers, StepContext
 
@@ -69,7 +69,7 @@ def _tp_part(ctx: StepContext, tp: TensorParallelComm) -> Part:
 
 def _moe_host_part(ctx: StepContext, host: MoeHost, moe_per_stage: float) -> Part:
     kernels = round(host.launch_s / ctx.calibration.host_s_per_kernel)
-    graphed = " (router in a CUDA graph)" if "moe_router" in ctx.options.moe_cuda_graph_modules else ""
+    graphed = " (router in a CUDA graph)" if graph_captured_kernels(ctx.options.moe_cuda_graph_modules) else ""
     bound = (f"host launches {kernels} kernels/layer{graphed}"
              + (", dropless sync" if ctx.options.moe_dropless else ", runs ahead (token-drop)"))
     m = ctx.micro_batches

@@ -192,9 +192,7 @@ def _predict_run(run: PublishedRun, catalog: Catalog, options: StepOptions | Non
         if found.best is not None:
             if counts:
                 return _predict_layout(result, job, found.best.layout.with_(**counts), cluster, calibration, options)
-            result.layout, result.step = found.best.layout, found.best.step
-            result.predicted_tokens_per_s_per_gpu = found.best.step.tokens_per_s_per_gpu
-            return result
+            return _with_step(result, found.best.layout, found.best.step)
         if not found.closest_misses:
             result.status, result.reason = "skipped", f"no legal layout ({dict(found.infeasible)})" \
                 if found.infeasible else f"no legal layout: {pinned_layout_problem(run)}"
@@ -242,15 +240,17 @@ def _predict_layout(result: RunPrediction, job: Job, layout: Layout, cluster: Cl
         result.memory_rejected = True
         result.reason = f"memory model rejects the published layout: {outcome.over_bytes / 2**30:.1f} GiB over HBM"
         return _predict_despite_memory(result, job, layout, cluster, calibration, options)
-    result.layout, result.step = outcome.layout, outcome.step
-    result.predicted_tokens_per_s_per_gpu = outcome.step.tokens_per_s_per_gpu
-    return result
+    return _with_step(result, outcome.layout, outcome.step)
 
 
 def _predict_despite_memory(result: RunPrediction, job: Job, layout: Layout, cluster: Cluster,
                             calibration: CalibrationProfile, options: StepOptions | None) -> RunPrediction:
     """A published run did fit: predict it anyway; `result` says that the memory model disagrees."""
-    step = estimate_step(job, layout, cluster, calibration, options)
+    return _with_step(result, layout, estimate_step(job, layout, cluster, calibration, options))
+
+
+def _with_step(result: RunPrediction, layout: Layout, step: StepEstimate) -> RunPrediction:
+    """`result` predicted: the layout priced, its step and tokens/s per GPU."""
     result.layout, result.step = layout, step
     result.predicted_tokens_per_s_per_gpu = step.tokens_per_s_per_gpu
     return result
