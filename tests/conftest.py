@@ -27,6 +27,7 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_launch_frameworks": ("framework",),
     "test_launch_check_fsdp": ("framework",),
     "test_megatron_lm": ("framework",),
+    "test_recompute_early_stop": ("framework",),
     "test_fuzz_cli": ("slow",),
     "runtime/test_bench": ("torchrun",),
     "runtime/test_bench_calibrate": ("torchrun",),

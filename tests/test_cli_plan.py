@@ -216,8 +216,8 @@ def test_validate_json_shape() -> None:
     kernels = {run["id"]: run["attention_kernel"] for run in data["runs"]}
     assert kernels["mpt-7b-h100-8gpu-s2048-bf16"] == "flash-v1"  # llm-foundry's Triton FlashAttention-1
     stacks = {run["id"]: run["stack"] for run in data["runs"]}  # whose documented settings were applied
-    assert stacks["mpt-7b-h100-8gpu-s2048-bf16"] == "llm-foundry"
-    assert stacks["torchtitan-405b-512gpu-3d-1f1b"] == "torchtitan"
+    assert stacks["mpt-7b-h100-8gpu-s2048-bf16"] == "llm-foundry@0.4-0.21"  # the H100 tables: PyTorch 2.1
+    assert stacks["torchtitan-405b-512gpu-3d-1f1b"] == "torchtitan@0.1"
 
 
 def _first_shipped_run() -> dict:

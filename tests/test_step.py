@@ -636,3 +636,49 @@ def test_gradient_traffic_cannot_hide_behind_expert_traffic_on_the_same_nics(lay
     assert step.parts["comm.ep"].link.startswith("ndr400") and step.parts["comm.dp"].link.startswith("ndr400")
     nic_busy_s = step.parts["comm.dp"].total_s + step.parts["comm.ep"].exposed_s
     assert step.step_s >= nic_busy_s
+
+
+def test_a_full_recompute_that_stops_early_skips_the_down_projection_by_hand() -> None:
+    # Llama 3 8B layer, tp 1, one sequence of 8192 tokens: the down projection is an 8192 x 4096 x 14336 GEMM,
+    # 2·8192·4096·14336 = 962 GFLOP. A full recompute that stops early (PyTorch's non-reentrant checkpoint,
+    # tests/test_recompute_early_stop.py) re-runs the forward less exactly that GEMM; one that does not, all of it.
+    from gpufleet.perf.compute import layer_compute, recompute_stops_early
+
+    compute = layer_compute(LLAMA8, Layout(micro_batch=1), H100, CAL, seq_len=8192, precision="bf16",
+                            moe_layer=False)
+    down_s = gemm_time_s(8192, 4096, 14336, H100.peak_flops("bf16"), CAL, "bf16")
+    assert math.isclose(compute.mlp_down_gemm_flops_fwd, 2 * 8192 * 4096 * 14336, rel_tol=1e-12)
+    assert math.isclose(compute.recompute_s("full"), compute.forward_s, rel_tol=1e-12)
+    assert math.isclose(compute.recompute_s("full", early_stop=True), compute.forward_s - down_s, rel_tol=1e-9)
+    assert math.isclose(compute.recompute_flops("full") - compute.recompute_flops("full", early_stop=True),
+                        2 * 8192 * 4096 * 14336, rel_tol=1e-12)
+    # the 8B layer's down projection is 14336·4096 of its 218 M GEMM parameters per token: about 27 % of its GEMMs
+    assert 0.25 < down_s / compute.gemm_fwd_s < 0.29
+    # selective recompute and no recompute are untouched
+    assert compute.recompute_s("selective", early_stop=True) == compute.recompute_s("selective")
+    assert compute.recompute_s("none", early_stop=True) == 0.0
+    # which GEMMs stop early: 16-bit aten GEMMs; FP8 ones (custom autograd Functions) only in a compiled block
+    assert not recompute_stops_early("off", "bf16", compiled=True)
+    assert recompute_stops_early("aten", "bf16", compiled=False)
+    assert not recompute_stops_early("aten", "fp8", compiled=True)
+    assert recompute_stops_early("aten-or-compiled", "fp8", compiled=True)
+    assert not recompute_stops_early("aten-or-compiled", "fp8", compiled=False)
+
+
+def test_a_stack_that_stops_early_shortens_only_the_recompute_part() -> None:
+    # torchtitan@0.1 against torchtitan (the same settings but the early stop): on a full-recompute 8B FSDP job the
+    # step's recompute part shrinks by m x layers x the down projection; every other compute part is the same.
+    from gpufleet.planner.published_runs import stack_step_options
+
+    job = Job(LLAMA8, tokens=1e12, seq_len=8192, global_batch=8)
+    layout = Layout(dp=8, micro_batch=1, sharding="fsdp", recompute="full")
+    estimates = {}
+    for stack in ("torchtitan", "torchtitan@0.1"):
+        options = stack_step_options(CATALOG.stack(stack), StepOptions())
+        estimates[stack] = estimate_step(job, layout, cluster(8), CAL, options)
+    plain, early = estimates["torchtitan"].parts, estimates["torchtitan@0.1"].parts
+    down_s = gemm_time_s(8192, 4096, 14336, H100.peak_flops("bf16"), CAL, "bf16")
+    assert math.isclose(plain["compute.recompute"].exposed_s - early["compute.recompute"].exposed_s,
+                        32 * down_s, rel_tol=1e-9)
+    for part in ("compute.gemm", "compute.attention", "compute.elementwise"):
+        assert plain[part] == early[part]

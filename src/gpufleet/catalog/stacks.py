@@ -81,6 +81,16 @@ Fp8Recipe = Literal["delayed", "current", "mx", "blockwise"]
 Fp8AmaxGroup = Literal["tp-dp-cp", "tp"]
 
 
+#: How a stack's full activation recompute ends (StepOptions.recompute_early_stop): "off": the whole layer's forward
+#: runs again (Megatron's reentrant CheckpointFunction, PyTorch before 2.1); "aten": PyTorch's non-reentrant
+#: checkpoint with early stop (torch >= 2.1, on by default) stops once the last tensor backward reads is rebuilt, so
+#: the block's last GEMM, whose input autograd saves before the matmul runs, is not re-run; an FP8 GEMM inside a custom
+#: autograd Function (torchao, Transformer Engine) saves its input only after it ran, and is re-run;
+#: "aten-or-compiled": the same, and a torch.compile'd block's partitioner re-runs only what backward reads, in any
+#: precision (docs/model.md, "Recompute that stops early").
+RecomputeEarlyStop = Literal["off", "aten", "aten-or-compiled"]
+
+
 #: How a MoE layer launches its local experts' GEMMs: "per-expert": one GEMM (and its casts) per local expert, as
 #: Transformer Engine's GroupedLinear does (Megatron-Core's TEGroupedMLP); "grouped": one grouped-GEMM kernel for all
 #: local experts (grouped_gemm's `gmm`, torch._grouped_mm). Sets how the MoE host launch cost grows with local experts.
@@ -97,6 +107,10 @@ class SourcedMoeExpertKernels(Sourced[MoeExpertKernels]):
 
 
 class SourcedFp8Recipe(Sourced[Fp8Recipe]):
+    pass
+
+
+class SourcedRecomputeEarlyStop(Sourced[RecomputeEarlyStop]):
     pass
 
 
@@ -150,6 +164,8 @@ class StackSettings(BaseModel):
     logits_bytes_per_element: SourcedFloat | None = None
     loss_bytes_per_logit: SourcedFloat | None = None
     fsdp2_copies: SourcedBool | None = None
+    #: how the framework's full activation recompute ends (RecomputeEarlyStop)
+    recompute_early_stop: SourcedRecomputeEarlyStop | None = None
     #: the FP8 recipe of the stack's FP8 runs, and the ranks its amax history is reduced over (delayed scaling)
     fp8_recipe: SourcedFp8Recipe | None = None
     fp8_amax_group: SourcedFp8AmaxGroup | None = None
@@ -178,7 +194,7 @@ class StackSettings(BaseModel):
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
                  "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe",
-                 "fp8_amax_group")
+                 "fp8_amax_group", "recompute_early_stop")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

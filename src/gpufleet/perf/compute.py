@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, MoESpec, Precision
+from gpufleet.catalog.stacks import RecomputeEarlyStop
 from gpufleet.parallel.layout import Layout, SelectivePolicy, expert_parallel_degrees, expert_routed_tokens
 from gpufleet.workload.flops import attention_score_flops_per_token
 from gpufleet.workload.params import attention_params
@@ -75,6 +76,10 @@ class LayerCompute:
     #: MLP's, a MoE layer's shared experts', else 0): their backward hides the block's TP input-gradient reduction
     qkv_gemm_fwd_s: float = 0.0
     mlp_up_gemm_fwd_s: float = 0.0
+    #: forward seconds / FLOPs of the layer's last GEMM, the dense MLP's down projection (0 in a MoE layer): what a
+    #: full recompute that stops early does not re-run (`recompute_s`)
+    mlp_down_gemm_fwd_s: float = 0.0
+    mlp_down_gemm_flops_fwd: float = 0.0
 
     @property
     def forward_s(self) -> float:
@@ -85,21 +90,24 @@ class LayerCompute:
         return (2 * self.gemm_fwd_s + self.attention_bwd_s
                 + BACKWARD_ELEMENTWISE_RATIO * self.elementwise_fwd_s)
 
-    def recompute_s(self, recompute: str, selective_policy: SelectivePolicy = "attention") -> float:
-        """Extra forward work in the backward pass: full = whole layer; selective = the attention core
-        (Megatron) or, under the "op" policy, every second matmul and all element-wise ops (torchtitan)."""
+    def recompute_s(self, recompute: str, selective_policy: SelectivePolicy = "attention",
+                    early_stop: bool = False) -> float:
+        """Extra forward work in the backward pass: full = whole layer (less its last GEMM when the recompute
+        stops early: `recompute_stops_early`); selective = the attention core (Megatron) or, under the "op" policy, every
+        second matmul and all element-wise ops (torchtitan)."""
         if recompute == "full":
-            return self.forward_s
+            return self.forward_s - (self.mlp_down_gemm_fwd_s if early_stop else 0.0)
         if recompute == "selective":
             if selective_policy == "op":
                 return self.alternate_matmul_fwd_s + self.elementwise_fwd_s
             return self.attention_fwd_s
         return 0.0
 
-    def recompute_flops(self, recompute: str, selective_policy: SelectivePolicy = "attention") -> float:
+    def recompute_flops(self, recompute: str, selective_policy: SelectivePolicy = "attention",
+                        early_stop: bool = False) -> float:
         """Tensor-core FLOPs of `recompute_s` (element-wise work does none)."""
         if recompute == "full":
-            return self.flops_fwd
+            return self.flops_fwd - (self.mlp_down_gemm_flops_fwd if early_stop else 0.0)
         if recompute == "selective":
             return self.alternate_matmul_flops_fwd if selective_policy == "op" else self.attention_flops_fwd
         return 0.0
@@ -107,6 +115,14 @@ class LayerCompute:
     @property
     def flops_fwd(self) -> float:
         return self.gemm_flops_fwd + self.attention_flops_fwd
+
+
+def recompute_stops_early(early_stop: RecomputeEarlyStop, precision: Precision, compiled: bool) -> bool:
+    """Whether a full recompute skips the layer's last GEMM (the MLP down projection) under `early_stop`: 16-bit
+    GEMMs run as aten ops and stop early; FP8/FP4 ones only in a compiled block ("aten-or-compiled")."""
+    if early_stop == "off":
+        return False
+    return precision not in ("fp8", "fp4") or (early_stop == "aten-or-compiled" and compiled)
 
 
 def shape_factor(calibration: CalibrationProfile, *dims: float) -> float:
@@ -172,6 +188,8 @@ class _Gemms:
     qkv_s: float
     up_s: float = 0.0
     ffn_width: float = 0.0
+    down_s: float = 0.0  # the dense MLP's down projection (the layer's last GEMM)
+    down_flops: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +226,8 @@ def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: C
         alternate_matmul_flops_fwd=gemms.alternate_flops,
         qkv_gemm_fwd_s=gemms.qkv_s,
         mlp_up_gemm_fwd_s=gemms.up_s,
+        mlp_down_gemm_fwd_s=gemms.down_s,
+        mlp_down_gemm_flops_fwd=gemms.down_flops,
     )
 
 
@@ -269,13 +289,14 @@ def _dense_mlp(shape: _LayerShape, before: _Gemms) -> _Gemms:
     up_matrices = 2 if model.gated_mlp else 1
     f = model.ffn_hidden or 0
     up_s = shape.gemm(tokens, up_matrices * f / tp, h)
+    down_s = shape.gemm(tokens, h, f / tp)
     # counting on from out-proj (4th): gated up (5), gate (6), down (7) -> gate; plain up (5), down (6) -> down
-    alternate = shape.gemm(tokens, f / tp, h) if model.gated_mlp else shape.gemm(tokens, h, f / tp)
-    return _Gemms(s=before.s + (up_s + shape.gemm(tokens, h, f / tp)),
+    alternate = shape.gemm(tokens, f / tp, h) if model.gated_mlp else down_s
+    return _Gemms(s=before.s + (up_s + down_s),
                   flops=before.flops + 2 * tokens * (up_matrices + 1) * h * f / tp,
                   alternate_s=before.alternate_s + alternate,
                   alternate_flops=before.alternate_flops + 2 * tokens * h * f / tp, qkv_s=before.qkv_s, up_s=up_s,
-                  ffn_width=f)
+                  ffn_width=f, down_s=down_s, down_flops=2 * tokens * h * f / tp)
 
 
 def _attention_core(shape: _LayerShape, hbm_bytes_per_s: float) -> _AttentionCore:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
-from gpufleet.catalog.stacks import CudaGraphModule, Fp8AmaxGroup, Fp8Recipe, MoeExpertKernels
+from gpufleet.catalog.stacks import CudaGraphModule, Fp8AmaxGroup, Fp8Recipe, MoeExpertKernels, RecomputeEarlyStop
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -119,6 +119,10 @@ class StepOptions:
     #: (perf/overlap_contention.py OVERLAP_COMPUTE_SLOWDOWN; on since it improved every out-of-sample score:
     #: docs/residuals.md); 0: hidden collectives are free
     overlap_slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
+    #: how a full activation recompute ends (catalog/stacks.py RecomputeEarlyStop): "off" (Megatron's reentrant
+    #: checkpoint re-runs the whole layer, the default); "aten" / "aten-or-compiled": PyTorch's non-reentrant
+    #: checkpoint stops before the layer's last GEMM (perf/compute.py recompute_stops_early)
+    recompute_early_stop: RecomputeEarlyStop = "off"
 
 
 @dataclass(frozen=True)

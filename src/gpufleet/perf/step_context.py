@@ -12,7 +12,7 @@ from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees, micro_batches_per_step, recomputed_fraction
-from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute
+from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute, layer_compute, recompute_stops_early
 from gpufleet.workload.job import Job
 
 if TYPE_CHECKING:
@@ -54,14 +54,23 @@ class StepContext:
         """Bytes of one micro-batch's hidden states on one GPU (what TP reduces and PP sends)."""
         return self.tokens_mb * self.model.hidden * ACTIVATION_BYTES
 
+    @property
+    def recompute_stops_early(self) -> bool:
+        """Whether this job's full recompute stops before each layer's last GEMM (fused element-wise kernels read
+        as a compiled block: what they mean for the stacks that compile, torchtitan)."""
+        return recompute_stops_early(self.options.recompute_early_stop, self.job.precision,
+                                     compiled=self.options.fused_elementwise)
+
     def recompute_s(self, compute: LayerCompute) -> float:
         """The layer's recompute time, averaged over the stage's layers (block recompute covers a share)."""
-        return (compute.recompute_s(self.layout.recompute, self.options.memory.selective_policy)
+        return (compute.recompute_s(self.layout.recompute, self.options.memory.selective_policy,
+                                    self.recompute_stops_early)
                 * (self.recomputed if self.layout.recompute == "full" else 1.0))
 
     def recompute_flops(self, compute: LayerCompute) -> float:
         """Tensor-core FLOPs of `recompute_s`."""
-        return compute.recompute_flops(self.layout.recompute, self.options.memory.selective_policy) * (
+        return compute.recompute_flops(self.layout.recompute, self.options.memory.selective_policy,
+                                       self.recompute_stops_early) * (
             self.recomputed if self.layout.recompute == "full" else 1.0)
 
 
