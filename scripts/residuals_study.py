@@ -33,7 +33,6 @@ from gpufleet.planner.validate import RunPrediction, predict_run
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the stacks that shard with PyTorch FSDP2's fully_shard (their stack records say so)
-FSDP2_STACKS = ("torchtitan", "nemo-automodel")
 #: Published CPU-side cost of one eager PyTorch op (Python, autograd, dispatcher, cudaLaunchKernel): ~5-25 us; the
 #: midpoint, to score the MoE host term as a sourced constant that no fold refits (a diagnostic: it was picked
 #: knowing the fit's 16 us, so it is not adopted)
@@ -41,11 +40,17 @@ HOST_S_PER_KERNEL_SOURCED = 15e-6
 SOURCE = "study override (scripts/residuals_study.py): FSDP2 copy-out and reduce-scatter copy-in on the compute stream"
 
 
+def fsdp2_stacks(catalog: Catalog) -> list[str]:
+    """The stacks whose records state FSDP2's copies (torchtitan's ranges, NeMo AutoModel)."""
+    return [stack_id for stack_id, record in catalog.records("stacks").items()
+            if isinstance(record, StackRecord) and record.value("fsdp2_copies")]
+
+
 def before_catalog(folder: Path, extra: list[Path]) -> Catalog:
     """The catalog as it was before this study: the FSDP2 stacks' records restated with `fsdp2_copies: false`."""
     base = load_catalog(extra)
     stacks = []
-    for stack_id in FSDP2_STACKS:
+    for stack_id in fsdp2_stacks(base):
         record = base.get("stacks", stack_id, StackRecord).model_dump(mode="json", exclude_none=True)
         record.setdefault("settings", {})["fsdp2_copies"] = {"value": False, "source": SOURCE}
         stacks.append(record)

@@ -207,14 +207,14 @@ def test_readme_validation_table_out_of_sample() -> None:
         assert_cell(row[3], split["within_10pct"], scale=100)
     worst = table_row(readme, "worst sources left out")[1]
     by_source = folds["by_source"]
-    for name, source in (("MT-NLG", "mtnlg-megatron-deepspeed"), ("NeMo AutoModel", "nemo-automodel"),
+    for name, source in (("MT-NLG", "mtnlg-megatron-deepspeed"), ("Meta's Llama 3", "llama3-meta"),
                          ("BLOOM", "bloom-megatron-deepspeed")):
         assert_quotes(worst, name, by_source[source]["median_abs_error"], scale=100)
     ranked = sorted((s for s in by_source.values() if s["median_abs_error"] is not None),
                     key=lambda s: -s["median_abs_error"])
     assert {round(s["median_abs_error"], 3) for s in ranked[:3]} == {
         round(by_source[key]["median_abs_error"], 3)
-        for key in ("mtnlg-megatron-deepspeed", "nemo-automodel", "bloom-megatron-deepspeed")}
+        for key in ("mtnlg-megatron-deepspeed", "llama3-meta", "bloom-megatron-deepspeed")}
     # docs/model.md rounds the MoE gap to whole percent
     *_, moe = split_medians(command_json("validate")["runs"])
     model = doc("docs/model.md")

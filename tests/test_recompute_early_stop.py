@@ -125,8 +125,8 @@ def test_a_compiled_block_reruns_only_what_backward_reads() -> None:
         return make_boxed_func(graph)
 
     def backend(graph: Any, inputs: Any) -> Any:
-        return aot_module_simplified(graph, inputs, fw_compiler=lambda g, _i: make_boxed_func(g), bw_compiler=count_backward,
-                                     partition_fn=min_cut_rematerialization_partition)
+        return aot_module_simplified(graph, inputs, fw_compiler=lambda g, _i: make_boxed_func(g),
+                                     bw_compiler=count_backward, partition_fn=min_cut_rematerialization_partition)
 
     for linear in (nn.Linear, _FunctionLinear):  # in a compiled graph an FP8-style Function is traced through too
         block = _Block(linear)

@@ -93,8 +93,8 @@ class LayerCompute:
     def recompute_s(self, recompute: str, selective_policy: SelectivePolicy = "attention",
                     early_stop: bool = False) -> float:
         """Extra forward work in the backward pass: full = whole layer (less its last GEMM when the recompute
-        stops early: `recompute_stops_early`); selective = the attention core (Megatron) or, under the "op" policy, every
-        second matmul and all element-wise ops (torchtitan)."""
+        stops early: `recompute_stops_early`); selective = the attention core (Megatron) or, under the "op"
+        policy, every second matmul and all element-wise ops (torchtitan)."""
         if recompute == "full":
             return self.forward_s - (self.mlp_down_gemm_fwd_s if early_stop else 0.0)
         if recompute == "selective":
