@@ -32,7 +32,6 @@ from gpufleet.planner.published_runs import PublishedRun, load_runs, shipped_run
 from gpufleet.planner.validate import RunPrediction, predict_run
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the stacks that shard with PyTorch FSDP2's fully_shard (their stack records say so)
 #: Published CPU-side cost of one eager PyTorch op (Python, autograd, dispatcher, cudaLaunchKernel): ~5-25 us; the
 #: midpoint, to score the MoE host term as a sourced constant that no fold refits (a diagnostic: it was picked
 #: knowing the fit's 16 us, so it is not adopted)

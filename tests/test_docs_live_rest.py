@@ -691,6 +691,32 @@ def test_residuals_run_tables() -> None:
         assert_quotes(text, "the model goes from ", predicted[2] / predicted[0], nth=nth + 1)
 
 
+def test_residuals_early_stop_paragraph() -> None:
+    """The cuDNN section's early-stop paragraph: where the PyTorch-native families' rows sit now (the "from" figures
+    are the files before the change: history, not checked), from `validate --json`'s rows and layouts."""
+    text = " ".join(doc("docs/residuals.md").split("One piece of what it hid is now found.", 1)[1].split())
+    runs = {run["id"]: run for run in command_json("validate")["runs"] if run["error"] is not None}
+
+    def full(run: dict[str, Any]) -> bool:
+        return "full-rc" in run["layout"]
+
+    titan_tp8 = [run for run in runs.values() if run["stack"] == "torchtitan@0.1" and full(run)
+                 and ("70b" in run["id"] or "405b" in run["id"]) and not run["id"].endswith("256k")]
+    vanilla = runs["torchtitan2025-70b-256gpu-fsdp32-tp8-bf16-vanillatp"]
+    rest = [run["error"] for run in titan_tp8 if run is not vanilla]
+    assert len(rest) == 6
+    assert_signed(text.split("−7.1 … −1.8 % to ", 1)[1], [min(rest), max(rest)])
+    assert_signed(text.split("(+6.3 → ", 1)[1], [vanilla["error"]])
+    assert_signed(text.split("32k-token row goes +12.1 → ", 1)[1], [runs["torchtitan-8b-8gpu-cp1-32k"]["error"]])
+    mpt = [run for run in runs.values() if run["id"].startswith("mpt-") and "-h100-" in run["id"]]
+    at_2k = [run["error"] for run in mpt if full(run) and run["id"].endswith("s2048-bf16")]
+    assert len(at_2k) == 5
+    assert_signed(text.split("−4.1 … +0.9 % to ", 1)[1], [min(at_2k), max(at_2k)])
+    assert_signed(text.split("13B row −11.6 → ", 1)[1], [runs["mpt-13b-h100-8gpu-s32768-bf16"]["error"]])
+    no_recompute = [run["error"] for run in mpt if not full(run) and run["id"].endswith("-bf16")]
+    assert_signed(text.split("without recompute (", 1)[1], [min(no_recompute), max(no_recompute)])
+
+
 #: The dropless Qwen3-30B rows the MoE-gap paragraph follows (Megatron-Bridge 25.11 and 26.02, micro-batch 1).
 DROPLESS_QWEN30 = ("mbridge-2511-b200-qwen3-30b-a3b-8gpu", "mbridge-2602-b200-qwen3-30b-a3b-8gpu",
                    "mbridge-2602-h100-qwen3-30b-a3b-16gpu")

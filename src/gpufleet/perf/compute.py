@@ -290,13 +290,12 @@ def _dense_mlp(shape: _LayerShape, before: _Gemms) -> _Gemms:
     f = model.ffn_hidden or 0
     up_s = shape.gemm(tokens, up_matrices * f / tp, h)
     down_s = shape.gemm(tokens, h, f / tp)
+    matrix_flops = 2 * tokens * h * f / tp  # one h x f/tp matrix: the down projection, or the gate
     # counting on from out-proj (4th): gated up (5), gate (6), down (7) -> gate; plain up (5), down (6) -> down
     alternate = shape.gemm(tokens, f / tp, h) if model.gated_mlp else down_s
-    return _Gemms(s=before.s + (up_s + down_s),
-                  flops=before.flops + 2 * tokens * (up_matrices + 1) * h * f / tp,
-                  alternate_s=before.alternate_s + alternate,
-                  alternate_flops=before.alternate_flops + 2 * tokens * h * f / tp, qkv_s=before.qkv_s, up_s=up_s,
-                  ffn_width=f, down_s=down_s, down_flops=2 * tokens * h * f / tp)
+    return _Gemms(s=before.s + (up_s + down_s), flops=before.flops + 2 * tokens * (up_matrices + 1) * h * f / tp,
+                  alternate_s=before.alternate_s + alternate, alternate_flops=before.alternate_flops + matrix_flops,
+                  qkv_s=before.qkv_s, up_s=up_s, ffn_width=f, down_s=down_s, down_flops=matrix_flops)
 
 
 def _attention_core(shape: _LayerShape, hbm_bytes_per_s: float) -> _AttentionCore:
