@@ -118,6 +118,27 @@ def test_a_target_that_cannot_express_the_plan_names_what_it_lacks_and_who_can()
     assert "--stack torchtitan launches with --target torchtitan" in one_error_line(result)
 
 
+def test_a_release_range_without_a_writer_is_refused_however_it_is_launched(tmp_path: Path) -> None:
+    """torchtitan@0.1 prices a full recompute that stops early (torchtitan 0.0-0.1.0); the torchtitan files gpufleet
+    writes are torchtitan 0.3.0's, whose full recompute does not. Launching such a plan, with options or from a
+    plan file, to any target, is one line naming the stack that launches; planning with it still works."""
+    out = tmp_path / "run"
+    for target in ("torchtitan", "megatron", "all"):
+        done = run_gpufleet("launch", "-m", "llama3-8b", "-t", "1T", "-n", "64", "--stack", "torchtitan@0.1",
+                            "--target", target, "--out", str(out))
+        assert done.returncode == 2, target
+        assert "plan with --stack torchtitan " in one_error_line(done)
+    planned = run_gpufleet("plan", "-m", "llama3-8b", "-t", "1T", "-n", "64", "--stack", "torchtitan@0.1", "--json")
+    assert planned.returncode == 0, planned.stderr
+    (tmp_path / "plan.json").write_text(planned.stdout, encoding="utf-8")
+    done = run_gpufleet("launch", "--plan", str(tmp_path / "plan.json"), "--target", "slurm", "--out", str(out))
+    assert done.returncode == 2 and "--stack torchtitan@0.1 prices torchtitan releases 0.0–0.1.0" in one_error_line(done)
+    assert not out.exists()
+    fine = run_gpufleet("launch", "-m", "llama3-8b", "-t", "1T", "-n", "64", "--stack", "torchtitan", "--target",
+                        "torchtitan", "--out", str(out))
+    assert fine.returncode == 0, fine.stderr
+
+
 def test_a_plan_file_the_target_cannot_express_is_refused_naming_what_it_lacks(tmp_path: Path) -> None:
     """A plan file is launched as planned (no re-planning within the target): a target that cannot run it says
     what it lacks and which target can."""

@@ -96,12 +96,14 @@ class LaunchPlan:
 
 def launch_plan(launch: LaunchRequest, given: WorkloadOptions, cat: Catalog) -> LaunchPlan:
     """The plan request from the options (within the one framework target named, if any) or from the plan file."""
-    from gpufleet.emit.within_target import framework_target, stack_for_target
+    from gpufleet.emit.within_target import check_launchable, framework_target, stack_for_target
 
     target = framework_target(list(launch.targets))
     if launch.plan_file is None:
         if target is not None:
             given = given.model_copy(update={"stack": stack_for_target(cat, target, given.stack)})
+        elif given.stack is not None:
+            check_launchable(cat, given.stack)
         counts = parse_int_list(launch.gpus, "--gpus", most=1)
         check_gpu_count(counts[0])
         return LaunchPlan(given.plan_request(cat, counts[0], max(launch.rank, LAUNCH_TOP)), None, target)
@@ -110,6 +112,8 @@ def launch_plan(launch: LaunchRequest, given: WorkloadOptions, cat: Catalog) -> 
     if not isinstance(data, dict):
         raise InputError(f"--plan {path} is not a JSON object")
     from_file, count, label = _options_from_plan_file(path, data, launch.rank)
+    if from_file.stack is not None:
+        check_launchable(cat, from_file.stack)
     saved = read_plan_file(data, f"--plan {path}")
     request = from_file.plan_request(cat, count, max(launch.rank, len(saved.plans or [])))
     if framework_to_dict(request) != saved.framework:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.registry import Catalog
-from gpufleet.catalog.stacks import LaunchTarget
+from gpufleet.catalog.stacks import LaunchTarget, StackRecord
 from gpufleet.emit.build import launch_spec
 from gpufleet.emit.registry import FRAMEWORKS, emitter
 from gpufleet.emit.spec import TargetCannotExpress
+from gpufleet.errors import InputError
 from gpufleet.planner.plan import PlanResult
 from gpufleet.planner.stack import TARGET_STACKS
 
@@ -28,18 +29,32 @@ def framework_target(named: list[str]) -> LaunchTarget | None:
 
 
 def stack_for_target(catalog: Catalog, target: LaunchTarget, stack: str | None) -> str:
-    """The stack to plan with: the one named (InputError when it launches with another framework), else the
-    target's (TARGET_STACKS)."""
+    """The stack to plan with: the one named (InputError when it launches with another framework, or has no writer
+    while its family has one: `check_launchable`), else the target's (TARGET_STACKS)."""
     if stack is None:
         return TARGET_STACKS[target]
-    record = catalog.stack(stack)
-    launches = record.value("launch_target")
+    check_launchable(catalog, stack)
+    launches = catalog.stack(stack).value("launch_target")
     if launches is not None and launches != target:
-        from gpufleet.errors import InputError
-
         raise InputError(f"--stack {stack} launches with --target {launches}, not --target {target}: name one "
                          f"of them, or a stack of {target} (gpufleet catalog list stacks)")
     return stack
+
+
+def check_launchable(catalog: Catalog, stack: str) -> None:
+    """InputError when `stack` is a release range with no writer of a family whose writer writes another range
+    (`torchtitan@0.1` prices a full recompute that stops early; the torchtitan files gpufleet writes do not):
+    whatever files `launch` wrote, they would not run the job the plan priced."""
+    record = catalog.stack(stack)
+    if record.value("launch_target") is not None:
+        return
+    written = [other.id for other in catalog.records("stacks").values() if isinstance(other, StackRecord)
+               and other.fold == record.fold and other.id != record.id and other.value("launch_target") is not None]
+    if written:
+        releases = f"releases {record.releases.words()}" if record.releases else record.name
+        raise InputError(f"--stack {stack} prices {record.fold} {releases}, and gpufleet writes files for "
+                         f"--stack {' or '.join(written)} only, whose settings differ: plan with --stack "
+                         f"{written[0]} (gpufleet plan --stack {stack} plans without launching)")
 
 
 @dataclass(frozen=True)

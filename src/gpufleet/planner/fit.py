@@ -1,7 +1,8 @@
 """Refit the recorded calibration fits (`catalog/data/fits.yaml`) from run files, and score them out of sample.
 
 `refit` searches each fit's grid for the value with the smallest mean |log(predicted / measured)| of tokens/s per
-GPU over the runs its selector picks (coordinate descent over the fits, `ROUNDS` passes; the mean of the log error
+GPU over the runs its selector picks, all fits together (coordinate descent, then profile moves that shift one fit
+and re-descend the rest, so that where the search starts does not decide where it ends; the mean of the log error
 rather than the median, which is flat over ranges and made refits jump). While fitting, each run keeps the layout
 the search chose for it (re-searching every candidate value would cost minutes); `fit_runs` then re-searches every
 run with the new values and refits, until the values stop changing: the recorded values are that fixed point, so
@@ -37,8 +38,12 @@ from gpufleet.planner.published_runs import (
 from gpufleet.planner.validate import RunPrediction, predict_run
 from gpufleet.workload.job import Job
 
-#: Coordinate-descent passes over the fits (a judgement: a third pass changed no value on the shipped runs).
-ROUNDS = 2
+#: Most sweeps of the search (coordinate descent to a fixed point, then the profile moves) `refit` makes (a judgement:
+#: the shipped runs settle in two or three).
+MAX_SWEEPS = 8
+#: How many grid steps a profile move shifts a fit by, either way (a judgement: on the shipped runs, shifts of one
+#: step reach the point shifts of one and two steps reach, from every start scripts/refit_starts.py tries).
+PROFILE_STEPS = (1,)
 #: |error| at or under which a prediction counts as close (the issue's "within 10 %").
 CLOSE_ERROR = 0.10
 
@@ -100,26 +105,90 @@ def selects(fit: FitRecord, case: FitCase, catalog: Catalog) -> bool:
     return kernel is None or run_calibration(case.run, catalog, case.cluster.gpu.id).attention_kernel == kernel
 
 
-def _objective(cases: Sequence[FitCase], catalog: Catalog, values: Mapping[str, float]) -> float:
-    return statistics.fmean(abs(case.log_error(catalog, values)) for case in cases)
+class _Scorer:
+    """|log error| of each case under fitted values, remembered by the values of the fits that select the case (the
+    only ones its prediction reads), so a search that comes back to a point costs nothing."""
+
+    def __init__(self, cases: Sequence[FitCase], catalog: Catalog, fits: Sequence[FitRecord]) -> None:
+        self.cases, self.catalog = cases, catalog
+        self.chosen = {fit.id: [i for i, case in enumerate(cases) if selects(fit, case, catalog)] for fit in fits}
+        self.reads = [tuple(fit.id for fit in fits if i in self.chosen[fit.id]) for i in range(len(cases))]
+        self.memo: dict[tuple[int, tuple[float, ...]], float] = {}
+
+    def total(self, indices: Sequence[int], values: Mapping[str, float]) -> float:
+        """Sum of |log error| over the cases at `indices` (rounded, so that sums equal in exact arithmetic tie)."""
+        return round(math.fsum(self._abs_error(i, values) for i in indices), 12)
+
+    def _abs_error(self, index: int, values: Mapping[str, float]) -> float:
+        key = (index, tuple(values[fit_id] for fit_id in self.reads[index]))
+        if key not in self.memo:
+            self.memo[key] = abs(self.cases[index].log_error(self.catalog, values))
+        return self.memo[key]
+
+
+def _descend(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float]) -> dict[str, float]:
+    """Coordinate descent to a fixed point: each fit in turn takes its grid value with the smallest sum of |log
+    error| over the cases it selects (ties: nearest its current value), until a pass moves none."""
+    values = dict(values)
+    for _ in range(MAX_SWEEPS):
+        before = dict(values)
+        for fit in fits:
+            rows = scorer.chosen[fit.id]
+            if rows:
+                begin = values[fit.id]
+                values[fit.id] = min((scorer.total(rows, {**values, fit.id: value}), abs(value - begin), value)
+                                     for value in fit.grid())[2]
+        if values == before:
+            break
+    return values
+
+
+def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float],
+                  every: Sequence[int]) -> dict[str, float] | None:
+    """A point better than `values` over every case: one fit shifted a few grid steps, the others descended again
+    with it held (coordinate descent alone stalls where two fits must move together, e.g. a faster kernel and a
+    lower in-training fraction); None if no shift improves on `values`."""
+    best, best_score = None, scorer.total(every, values)
+    for fit in fits:
+        if not scorer.chosen[fit.id]:
+            continue
+        grid = fit.grid()
+        at = grid.index(min(grid, key=lambda value: abs(value - values[fit.id])))
+        others = [other for other in fits if other.id != fit.id]
+        for shift in (sign * steps for steps in PROFILE_STEPS for sign in (-1, 1)):
+            if not 0 <= at + shift < len(grid):
+                continue
+            moved = _descend(scorer, others, {**values, fit.id: grid[at + shift]})
+            score = scorer.total(every, moved)
+            if score < best_score:
+                best, best_score = moved, score
+    return best
+
+
+def fit_objective(cases: Sequence[FitCase], catalog: Catalog, values: Mapping[str, float]) -> float:
+    """What `refit` lowers: the sum of |log error| over every case some fit selects, each case once."""
+    scorer = _Scorer(cases, catalog, catalog.fits())
+    return scorer.total(sorted({i for rows in scorer.chosen.values() for i in rows}), values)
 
 
 def refit(cases: Sequence[FitCase], catalog: Catalog, start: Mapping[str, float] | None = None) -> FitResult:
-    """Each fit's grid value with the smallest mean |log error| over the cases it selects (ties: nearest the value
-    it starts from: `start`, else the recorded one); a fit that selects no case keeps its starting value."""
+    """The fits' grid values with the smallest mean |log error| over the runs each selects, all fits together: from
+    `start` (else the recorded values), coordinate descent to a fixed point, then profile moves (`_profile_move`)
+    while one lowers the sum over every case; a fit that selects no case keeps its starting value. Each fit touches
+    only the runs it selects, so one objective (the sum over every selected case) is what every step lowers."""
     fits = catalog.fits()
-    values = {fit.id: (start or {}).get(fit.id, fit.value) for fit in fits}
-    chosen = {fit.id: [case for case in cases if selects(fit, case, catalog)] for fit in fits}
-    for _ in range(ROUNDS):
-        for fit in fits:
-            if not chosen[fit.id]:
-                continue
-            begin = values[fit.id]
-            scored = [(round(_objective(chosen[fit.id], catalog, {**values, fit.id: value}), 12),
-                       abs(value - begin), value) for value in fit.grid()]
-            values[fit.id] = min(scored)[2]
-    medians = {fit.id: _objective(chosen[fit.id], catalog, values) if chosen[fit.id] else None for fit in fits}
-    return FitResult(values, {key: tuple(case.run.id for case in rows) for key, rows in chosen.items()}, medians)
+    scorer = _Scorer(cases, catalog, fits)
+    every = sorted({i for rows in scorer.chosen.values() for i in rows})
+    values = _descend(scorer, fits, {fit.id: (start or {}).get(fit.id, fit.value) for fit in fits})
+    for _ in range(MAX_SWEEPS):
+        moved = _profile_move(scorer, fits, values, every)
+        if moved is None:
+            break
+        values = _descend(scorer, fits, moved)
+    chosen = {fit.id: [cases[i] for i in scorer.chosen[fit.id]] for fit in fits}
+    means = {fit.id: scorer.total(scorer.chosen[fit.id], values) / len(rows) if (rows := scorer.chosen[fit.id])
+             else None for fit in fits}
+    return FitResult(values, {key: tuple(case.run.id for case in rows) for key, rows in chosen.items()}, means)
 
 
 #: Most re-search-and-refit passes `fit_runs` makes before it stops (a judgement; the shipped runs settle in 2-3).
