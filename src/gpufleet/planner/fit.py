@@ -126,21 +126,45 @@ class _Scorer:
         return self.memo[key]
 
 
-def _descend(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float]) -> dict[str, float]:
-    """Coordinate descent to a fixed point: each fit in turn takes its grid value with the smallest sum of |log
-    error| over the cases it selects (ties: nearest its current value), until a pass moves none."""
+def _descend(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float], *,
+             whole_grid: bool = True) -> dict[str, float]:
+    """Coordinate descent to a fixed point: each fit in turn takes the grid value with the smallest sum of |log
+    error| over the cases it selects, until a pass moves none. The first pass searches each fit's whole grid (ties:
+    nearest its current value) unless `whole_grid` is False; later passes walk from the current value while a step
+    lowers the sum (one fit's sum is near-convex: each case's error is monotone in the fit)."""
     values = dict(values)
-    for _ in range(MAX_SWEEPS):
+    for sweep in range(MAX_SWEEPS):
         before = dict(values)
         for fit in fits:
             rows = scorer.chosen[fit.id]
-            if rows:
+            if not rows:
+                continue
+            if whole_grid and sweep == 0:
                 begin = values[fit.id]
                 values[fit.id] = min((scorer.total(rows, {**values, fit.id: value}), abs(value - begin), value)
                                      for value in fit.grid())[2]
+            else:
+                values[fit.id] = _walk(scorer, fit, rows, values)
         if values == before:
             break
     return values
+
+
+def _walk(scorer: _Scorer, fit: FitRecord, rows: Sequence[int], values: Mapping[str, float]) -> float:
+    """From the fit's current value, step along its grid while a step lowers the sum over `rows`."""
+    grid = fit.grid()
+    at = grid.index(min(grid, key=lambda value: abs(value - values[fit.id])))
+    best = scorer.total(rows, {**values, fit.id: grid[at]})
+    for direction in (-1, 1):
+        moved = False
+        while 0 <= at + direction < len(grid):
+            score = scorer.total(rows, {**values, fit.id: grid[at + direction]})
+            if score >= best:
+                break
+            at, best, moved = at + direction, score, True
+        if moved:
+            break
+    return grid[at]
 
 
 def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float],
@@ -158,7 +182,7 @@ def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, 
         for shift in (sign * steps for steps in PROFILE_STEPS for sign in (-1, 1)):
             if not 0 <= at + shift < len(grid):
                 continue
-            moved = _descend(scorer, others, {**values, fit.id: grid[at + shift]})
+            moved = _descend(scorer, others, {**values, fit.id: grid[at + shift]}, whole_grid=False)
             score = scorer.total(every, moved)
             if score < best_score:
                 best, best_score = moved, score
@@ -184,7 +208,7 @@ def refit(cases: Sequence[FitCase], catalog: Catalog, start: Mapping[str, float]
         moved = _profile_move(scorer, fits, values, every)
         if moved is None:
             break
-        values = _descend(scorer, fits, moved)
+        values = _descend(scorer, fits, moved, whole_grid=False)
     chosen = {fit.id: [cases[i] for i in scorer.chosen[fit.id]] for fit in fits}
     means = {fit.id: scorer.total(scorer.chosen[fit.id], values) / len(rows) if (rows := scorer.chosen[fit.id])
              else None for fit in fits}
