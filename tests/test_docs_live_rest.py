@@ -1061,7 +1061,7 @@ def test_two_sites_script_rows() -> None:
     seed_link = seed.step.parts["comm.wan"].link
     hop = re.search(r"\(([\d.]+) ms; (\d+) micro-batches", seed_link)
     assert hop, seed_link
-    assert_quotes(text, "is slower still (23.8 s): ", float(hop.group(2)))
+    assert_quotes(text, "is slower still (23.9 s): ", float(hop.group(2)))
     assert_quotes(text, "micro-batches, each waiting ", float(hop.group(1)))
     assert_quotes(text, "and the two-site step falls to\n", half.step.step_s)
     assert_quotes(text, "and the two-site step falls to\n", half.step.step_s / single_s, nth=1)
@@ -1074,7 +1074,7 @@ def test_two_sites_script_rows() -> None:
     fast = search_sites(job, cluster, calibration, sites=2, link=replace(script.LINK, gbps=6400)).feasible[0]
     assert_quotes(text, "That forces a\nlayout that is slower on its own than the one-site best (",
                   estimate_step(job, fast.layout, cluster, calibration).step_s)
-    assert_quotes(text, "That forces a\nlayout that is slower on its own than the one-site best (8.33 s against ",
+    assert_quotes(text, "That forces a\nlayout that is slower on its own than the one-site best (8.39 s against ",
                   single_s)
 
 

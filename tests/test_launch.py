@@ -132,7 +132,8 @@ def test_a_release_range_without_a_writer_is_refused_however_it_is_launched(tmp_
     assert planned.returncode == 0, planned.stderr
     (tmp_path / "plan.json").write_text(planned.stdout, encoding="utf-8")
     done = run_gpufleet("launch", "--plan", str(tmp_path / "plan.json"), "--target", "slurm", "--out", str(out))
-    assert done.returncode == 2 and "--stack torchtitan@0.1 prices torchtitan releases 0.0–0.1.0" in one_error_line(done)
+    assert done.returncode == 2
+    assert "--stack torchtitan@0.1 prices torchtitan releases 0.0–0.1.0" in one_error_line(done)
     assert not out.exists()
     fine = run_gpufleet("launch", "-m", "llama3-8b", "-t", "1T", "-n", "64", "--stack", "torchtitan", "--target",
                         "torchtitan", "--out", str(out))
