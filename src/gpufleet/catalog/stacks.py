@@ -166,6 +166,8 @@ class StackSettings(BaseModel):
     fsdp2_copies: SourcedBool | None = None
     #: how the framework's full activation recompute ends (RecomputeEarlyStop)
     recompute_early_stop: SourcedRecomputeEarlyStop | None = None
+    #: an interleaved pipeline's sends and receives overlap the next chunk's compute (StepOptions.pp_p2p_overlap)
+    pp_p2p_overlap: SourcedBool | None = None
     #: the FP8 recipe of the stack's FP8 runs, and the ranks its amax history is reduced over (delayed scaling)
     fp8_recipe: SourcedFp8Recipe | None = None
     fp8_amax_group: SourcedFp8AmaxGroup | None = None
@@ -194,7 +196,7 @@ class StackSettings(BaseModel):
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
                  "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe",
-                 "fp8_amax_group", "recompute_early_stop")
+                 "fp8_amax_group", "recompute_early_stop", "pp_p2p_overlap")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

@@ -28,7 +28,7 @@ from gpufleet.errors import InputError
 OVERLAP_COMPUTE_SLOWDOWN = 0.189
 #: The step parts whose hidden seconds are collectives running on the GPU's SMs beside compute (activation offload
 #: rides the copy engines and the host link, the MoE host time is the CPU's: neither holds SMs).
-COLLECTIVE_PARTS = ("comm.tp", "comm.cp", "comm.ep", "comm.dp")
+COLLECTIVE_PARTS = ("comm.tp", "comm.cp", "comm.ep", "comm.dp", "comm.pp")
 
 
 def contention_s(hidden_collective_s: Iterable[float], slowdown: float) -> float:

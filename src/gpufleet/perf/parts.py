@@ -94,7 +94,8 @@ def comm_parts(ctx: StepContext, tp: TensorParallelComm, cp: LayerComm, ep: Expe
     if offload.link:
         parts["offload.activations"] = Part(m * offload.exposed_s, m * offload.hidden_s, offload.link)
     if schedule.p2p_link is not None:
-        parts["comm.pp"] = Part(m * schedule.p2p_per_mb_s, 0.0, schedule.p2p_link)
+        parts["comm.pp"] = Part(m * schedule.p2p_per_mb_s, m * schedule.p2p_hidden_per_mb_s,
+                                schedule.p2p_link + (", overlapped" if schedule.p2p_hidden_per_mb_s else ""))
         parts["bubble"] = Part(schedule.bubble_s)
     if dp.total_s:
         parts["comm.dp"] = Part(dp.exposed_s, dp.total_s - dp.exposed_s, dp.link)

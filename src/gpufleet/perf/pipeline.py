@@ -41,10 +41,11 @@ class PipelineSchedule:
 
     stage_s: tuple[float, ...]
     stage_nic_s: tuple[float, ...]
-    p2p_per_mb_s: float
+    p2p_per_mb_s: float  # exposed send-recv seconds per micro-batch (in every stage's time)
     p2p_link: str | None  # None: one stage, no sends
     bubble_s: float
     pipeline_s: float  # micro-batches x slowest stage + bubble
+    p2p_hidden_per_mb_s: float = 0.0  # send-recv seconds per micro-batch the next chunk's compute covers
 
     @property
     def slowest_s(self) -> float:
@@ -86,28 +87,37 @@ def nic_share(ctx: StepContext, cp: LayerComm, ep: ExpertParallelComm) -> NicSha
     return NicShare(cp_s, ep_s)
 
 
+#: The share of a chunk's forward+backward seconds that is its forward, behind which an overlapped send or receive
+#: runs (a judgement: the backward is about twice the forward; a recompute makes the cover longer, not counted).
+P2P_COVER_SHARE = 1 / 3
+
+
 def pipeline_schedule(ctx: StepContext, layers: Layers, device: DeviceLayerTimes, host: MoeHost,
                       offload: LayerComm, logits_s: float, nics: NicShare) -> PipelineSchedule:
     """Stage times from the layer split, the p2p sends and the interleaved 1F1B bubble: (pp-1)/vpp mean stages.
 
     Each tensor-parallel rank sends its 1/tp slice (sequence parallel, or Megatron's scatter-gather optimisation
-    without it); the receiver all-gathers it over the fast intra-node links."""
+    without it); the receiver all-gathers it over the fast intra-node links. A micro-batch crosses each chunk's
+    boundary twice (forward and backward): 2 x vpp send-recvs. Overlapped (`StepOptions.pp_p2p_overlap`, interleaved
+    schedules only), each runs while the next chunk computes and only what a mean chunk's forward cannot cover is
+    exposed; otherwise all of it is."""
     layout, model = ctx.layout, ctx.model
     pp, vpp = layout.pp, layout.vpp
     p2p = collective("send-recv", ctx.act_bytes / layout.tp, "pp", layout, ctx.cluster, ctx.options) \
         if pp > 1 else None
-    p2p_per_mb_s = 2 * vpp * p2p.time_s if p2p else 0.0
     moe_time = device.moe_s + host.exposed_s if layers.moe else 0.0
-    stage_times = []
+    compute_s = []
     stage_nic_s = []  # per micro-batch, exposed seconds the stage's NICs carry EP/CP traffic
     for stage, (n_dense, n_moe) in enumerate(stage_layer_split(model.layers, pp, vpp, ctx.moe_from)):
-        t = n_dense * device.dense_s + n_moe * moe_time + p2p_per_mb_s + offload.exposed_s
-        if stage == pp - 1:
-            t += logits_s
-        stage_times.append(t)
+        compute_s.append(n_dense * device.dense_s + n_moe * moe_time + offload.exposed_s
+                         + (logits_s if stage == pp - 1 else 0.0))
         stage_nic_s.append((n_dense + n_moe) * nics.cp_s + n_moe * nics.ep_s)
+    hop_s = p2p.time_s if p2p else 0.0
+    cover_s = sum(compute_s) / pp / vpp * P2P_COVER_SHARE if ctx.options.pp_p2p_overlap and vpp > 1 else 0.0
+    p2p_per_mb_s = 2 * vpp * max(0.0, hop_s - cover_s)
+    stage_times = [seconds + p2p_per_mb_s for seconds in compute_s]
     slowest = max(stage_times)
     mean_stage = sum(stage_times) / pp
     bubble_s = (pp - 1) / vpp * mean_stage if pp > 1 else 0.0
     return PipelineSchedule(tuple(stage_times), tuple(stage_nic_s), p2p_per_mb_s, p2p.link if p2p else None,
-                            bubble_s, ctx.micro_batches * slowest + bubble_s)
+                            bubble_s, ctx.micro_batches * slowest + bubble_s, 2 * vpp * hop_s - p2p_per_mb_s)

@@ -123,6 +123,11 @@ class StepOptions:
     #: checkpoint re-runs the whole layer, the default); "aten" / "aten-or-compiled": PyTorch's non-reentrant
     #: checkpoint stops before the layer's last GEMM (perf/compute.py recompute_stops_early)
     recompute_early_stop: RecomputeEarlyStop = "off"
+    #: an interleaved pipeline's stage-boundary sends and receives run while the next chunk computes, and only what
+    #: that chunk's forward cannot cover is exposed (perf/pipeline.py). Megatron-LM's default since 2023-10-12
+    #: (`--no-overlap-p2p-communication` turns it off; validate_args turns it off without interleaving), and what
+    #: NeMo 2's and Megatron-Bridge's comm-overlap configs set whenever vpp > 1. False: every send in line
+    pp_p2p_overlap: bool = True
 
 
 @dataclass(frozen=True)
