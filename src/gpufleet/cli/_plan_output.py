@@ -56,6 +56,8 @@ def framework_note(request: PlanRequest) -> str | None:
         said.append(fp8_amax_words(options))
     if options.dp_overlap_window != default.dp_overlap_window:
         said.append("data-parallel reduction hidden behind one micro-batch only")
+    if options.pp_p2p_overlap != default.pp_p2p_overlap:
+        said.append("pipeline sends in line (not overlapped)")
     return f"framework: {', '.join(said)} (--json: \"framework\")" if said else None
 
 

@@ -44,6 +44,11 @@ OverlapDpOption = typer.Option(None, "--overlap-dp/--no-overlap-dp", help="The d
                                "(Megatron's --overlap-grad-reduce/--overlap-param-gather, DeepSpeed's "
                                "overlap_comm, FSDP prefetch); --no-overlap-dp: they run after the backward, in "
                                "line [default: on].")
+OverlapPpOption = typer.Option(None, "--overlap-pp/--no-overlap-pp", help="An interleaved pipeline's (vpp > 1) "
+                               "stage-boundary sends and receives run while the next chunk computes (Megatron-LM's "
+                               "overlap_p2p_comm, NeMo 2 and Megatron-Bridge with vpp > 1); --no-overlap-pp: every "
+                               "send-recv in line (comm.pp in --explain; docs/model.md) [default: on, or the "
+                               "--stack's].")
 EpDispatchOption = typer.Option(None, "--ep-dispatch", help="all-to-all (one copy per routed expert; "
                                 "the default) or dedup (a token is sent once per destination "
                                 "node over the network and once per destination GPU inside a node: "

@@ -41,6 +41,7 @@ from gpufleet.cli._workload_flags import (
     OverlapContentionOption,
     OverlapDpOption,
     OverlapEpOption,
+    OverlapPpOption,
     OverlapTpOption,
     OversubscriptionOption,
     PrecisionOption,
@@ -100,7 +101,8 @@ def plan(
     stragglers: str | None = StragglersOption, straggler_scope: str | None = StragglerScopeOption,
     overlap_contention: str | None = OverlapContentionOption, fsdp2_copies: bool | None = Fsdp2CopiesOption,
     fp8_amax_sync: str | None = Fp8AmaxSyncOption, dp_overlap_window: str | None = DpOverlapWindowOption,
-    fp8_recipe: str | None = Fp8RecipeOption, sites: int = SitesOption, wan_gbps: float = WanGbpsOption,
+    fp8_recipe: str | None = Fp8RecipeOption, overlap_pp: bool | None = OverlapPpOption, sites: int = SitesOption,
+    wan_gbps: float = WanGbpsOption,
     wan_latency: str = WanLatencyOption,
     catalog: list[Path] = CatalogOption, calibration: Path | None = CalibrationOption, json: bool = JsonOption,
 ) -> None:
@@ -124,7 +126,7 @@ def plan(
         fabric_model=fabric_model, overlap_tp=overlap_tp, dtensor_tp=dtensor_tp, overlap_ep=overlap_ep,
         ep_dispatch=ep_dispatch, selective_policy=selective_policy, eager=eager, stack=stack,
         terms=parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies, fp8_amax_sync,
-                                dp_overlap_window, fp8_recipe), overlap_dp=overlap_dp,
+                                dp_overlap_window, fp8_recipe, overlap_pp), overlap_dp=overlap_dp,
         pins=parse_pins(tp, pp, vpp, cp, ep, etp, micro_batch, sharding, recompute))
     command = PlanCommand(workload=workload, gpus=gpus, top=top, explain=explain, budget_usd=budget,
                           deadline=deadline, sites=sites, wan_gbps=wan_gbps, wan_latency=wan_latency, plot=plot,

@@ -14,6 +14,7 @@ from gpufleet.cli._workload_flags import (
     Fp8AmaxSyncOption,
     Fsdp2CopiesOption,
     OverlapContentionOption,
+    OverlapPpOption,
     StragglerScopeOption,
     StragglersOption,
 )
@@ -133,6 +134,7 @@ def register(app: typer.Typer) -> None:
         fsdp2_copies: bool | None = Fsdp2CopiesOption,
         fp8_amax_sync: str | None = Fp8AmaxSyncOption,
         dp_overlap_window: str | None = DpOverlapWindowOption,
+        overlap_pp: bool | None = OverlapPpOption,
         catalog: list[Path] = CatalogOption,
         calibration: Path | None = CalibrationOption,
         json: bool = JsonOption,
@@ -151,7 +153,7 @@ def register(app: typer.Typer) -> None:
         from gpufleet.planner.validate_request import ValidateRequest, validate_runs
 
         out, terms = Output(json), parse_model_terms(stragglers, straggler_scope, overlap_contention, fsdp2_copies,
-                                                     fp8_amax_sync, dp_overlap_window)
+                                                     fp8_amax_sync, dp_overlap_window, overlap_pp=overlap_pp)
         request = ValidateRequest(runs=tuple(runs) if runs else None, cross_validate=cross_validate, rank=rank,
                                   node=node, dp_overlap=dp_overlap, terms=terms)
         _check_outputs(plot, html_report)

@@ -1,10 +1,10 @@
 """The step model's optional terms as `plan` and `validate` turn them on: waiting for the slowest GPU
 (perf/dp_scaling.py, docs/dp-scaling.md), compute slowed under hidden collectives (perf/overlap_contention.py,
-docs/residuals.md), FSDP2's copies on the compute stream (perf/fsdp_overheads.py), FP8 amax
-synchronisation and the interleaved data-parallel overlap window (perf/dp_scaling.py, docs/dp-scaling.md). On by
-default: the overlap contention at its measured slowdown, the FP8 amax wait at its recorded fit and the chunks
-window; FSDP2's copies as the stack decides (catalog/data/stacks.yaml) unless the user overrides it; the stragglers
-off."""
+docs/residuals.md), FSDP2's copies on the compute stream (perf/fsdp_overheads.py), FP8 amax synchronisation and the
+interleaved data-parallel overlap window (perf/dp_scaling.py, docs/dp-scaling.md), and an interleaved pipeline's
+sends under compute (perf/pipeline.py). On by default: the overlap contention at its measured slowdown, the FP8 amax
+wait at its recorded fit, the chunks window and the pipeline sends' overlap; FSDP2's copies as the stack decides
+(catalog/data/stacks.yaml) unless the user overrides it; the stragglers off."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class ModelTerms:
     fp8_amax_sync_sigma: float | None = None  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md)
     dp_overlap_window: DpOverlapWindow | None = None  # perf/dp_scaling.py interleaved_exposed_s
     fp8_recipe: Fp8Recipe | None = None
+    pp_p2p_overlap: bool | None = None  # perf/pipeline.py: an interleaved pipeline's sends under compute
 
     def apply(self, options: StepOptions) -> StepOptions:
         given = {name: value for name, value in asdict(self).items() if value is not None}
@@ -55,7 +56,8 @@ class ModelTerms:
 
 def parse_model_terms(stragglers: str | None, straggler_scope: str | None, overlap_contention: str | None,
                       fsdp2_copies: bool | None, fp8_amax_sync: str | None = None,
-                      dp_overlap_window: str | None = None, fp8_recipe: str | None = None) -> ModelTerms:
+                      dp_overlap_window: str | None = None, fp8_recipe: str | None = None,
+                      overlap_pp: bool | None = None) -> ModelTerms:
     """The flags' values as given (None: not given, the term keeps StepOptions' default), checked: one line naming
     the flag when one is wrong."""
     if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
@@ -65,7 +67,7 @@ def parse_model_terms(stragglers: str | None, straggler_scope: str | None, overl
     sigma = None if stragglers is None else parse_fraction(stragglers, "--stragglers", most=MAX_STRAGGLER_SIGMA)
     amax_sigma, window = parse_dp_scaling_terms(fp8_amax_sync, dp_overlap_window)
     return ModelTerms(sigma, cast(StragglerScope | None, straggler_scope), _overlap_slowdown(overlap_contention),
-                      fsdp2_copies, amax_sigma, window, cast(Fp8Recipe | None, fp8_recipe))
+                      fsdp2_copies, amax_sigma, window, cast(Fp8Recipe | None, fp8_recipe), overlap_pp)
 
 
 def _overlap_slowdown(overlap_contention: str | None) -> float | None:

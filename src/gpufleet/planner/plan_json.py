@@ -101,6 +101,7 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "overlap_slowdown": options.overlap_slowdown, "fsdp2_copies": options.fsdp2_copies,
             "fp8_amax_sync_sigma": options.fp8_amax_sync_sigma, "dp_overlap_window": options.dp_overlap_window,
             "fp8_recipe": options.fp8_recipe, "fp8_amax_group": options.fp8_amax_group,
+            "pp_p2p_overlap": options.pp_p2p_overlap,
             "logits_bytes_per_element": memory.logits_bytes_per_element,
             "activation_offload": request.search_space.activation_offload,
             "sequence_parallel": request.search_space.sequence_parallel,

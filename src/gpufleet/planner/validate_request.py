@@ -157,7 +157,8 @@ def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
                                         "overlap_slowdown": options.overlap_slowdown,
                                         "fsdp2_copies": terms.fsdp2_copies,
                                         "fp8_amax_sync_sigma": options.fp8_amax_sync_sigma,
-                                        "dp_overlap_window": options.dp_overlap_window}}
+                                        "dp_overlap_window": options.dp_overlap_window,
+                                        "pp_p2p_overlap": options.pp_p2p_overlap}}
     if not request.runs:
         data["validated_apart"] = {"vtrain": VTRAIN_COMMAND}
         if request.node is None:  # a --node names the measured cluster of the fitted files' runs, not these
