@@ -152,7 +152,9 @@ def test_validate_gives_each_run_its_interval_in_tokens_per_s_per_gpu() -> None:
             predicted * factor)
     text = run_gpufleet("validate", "--runs", str(RUNS / "llama3_fitted.yaml"))
     row = next(line for line in text.stdout.splitlines() if "llama3-405b-8192xh100-8k" in line)
-    assert "142 (124–163)" in row  # a regression guard: predicted (low–high), from the recorded band
+    # a regression guard: predicted (low–high), from the recorded band; 144 (124–166) since pipeline sends overlap
+    # compute
+    assert "144 (124–166)" in row
 
 
 @pytest.mark.timeout(300)
