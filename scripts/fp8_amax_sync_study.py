@@ -151,7 +151,7 @@ def main() -> None:
 
 
 #: (window, sigma) pairs --cross-validate scores: each window off, and with the sigma the FP8 series choose under it
-CONFIGURATIONS = (("micro-batch", 0.0), ("micro-batch", 0.0225), ("chunks", 0.0), ("chunks", 0.045))
+CONFIGURATIONS = (("micro-batch", 0.0), ("micro-batch", 0.0225), ("chunks", 0.0), ("chunks", 0.0475))
 REGIMES = ("dense", "model-parallel", "fp8", "moe")
 FAMILIES = ("mtnlg-megatron-deepspeed", "megatron-bridge", "nemo", "megatron-core", "llama3-meta")
 
