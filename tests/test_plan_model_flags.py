@@ -172,7 +172,7 @@ def test_validate_takes_the_terms_and_says_so() -> None:
     before, after = json.loads(off.stdout), json.loads(on.stdout)
     assert after["options"] == {"straggler_sigma": 0.015, "straggler_scope": "job", "overlap_slowdown": 0.189,
                                 "fsdp2_copies": None, "fp8_amax_sync_sigma": judgements().fp8_amax_sync_sigma,
-                                "dp_overlap_window": "chunks"}
+                                "dp_overlap_window": "chunks", "pp_p2p_overlap": True}
     pairs = [(a["predicted_tokens_per_s_per_gpu"], b["predicted_tokens_per_s_per_gpu"])
              for a, b in zip(before["runs"], after["runs"], strict=True) if a["predicted_tokens_per_s_per_gpu"]]
     assert pairs and all(slower < faster for faster, slower in pairs)  # every run waits for its slowest GPU
@@ -180,9 +180,25 @@ def test_validate_takes_the_terms_and_says_so() -> None:
     assert "--stragglers" in line
 
 
+def test_validate_no_overlap_pp_prices_every_send_in_line() -> None:
+    # --no-overlap-pp: every interleaved run is predicted slower (its sends now exposed) or, where its stack already
+    # sends in line (the 2021 and 2022 Megatron stacks) or it has no interleaved pipeline, the same.
+    on = json.loads(run_gpufleet("validate", "--json").stdout)
+    off = json.loads(run_gpufleet("validate", "--json", "--no-overlap-pp").stdout)
+    assert off["options"]["pp_p2p_overlap"] is False and on["options"]["pp_p2p_overlap"] is True
+    slower = 0
+    for a, b in zip(on["runs"], off["runs"], strict=True):
+        if not a["predicted_tokens_per_s_per_gpu"]:
+            continue
+        assert b["predicted_tokens_per_s_per_gpu"] <= a["predicted_tokens_per_s_per_gpu"] * (1 + 1e-9), a["id"]
+        slower += b["predicted_tokens_per_s_per_gpu"] < a["predicted_tokens_per_s_per_gpu"] * (1 - 1e-6)
+    assert slower > 0
+
+
 TERMS = [replace(StepOptions(), straggler_sigma=0.015), replace(StepOptions(), straggler_sigma=0.015,
                                                                   straggler_scope="replicas"),
-         replace(StepOptions(), overlap_slowdown=0.189), replace(StepOptions(), fsdp2_copies=True)]
+         replace(StepOptions(), overlap_slowdown=0.189), replace(StepOptions(), fsdp2_copies=True),
+         replace(StepOptions(), pp_p2p_overlap=False)]
 
 
 @SEARCHES
@@ -192,7 +208,8 @@ def test_the_pruned_search_equals_the_exhaustive_one_with_each_term_on(drawn: tu
     job, cluster, options = drawn
     turned_on = TERMS[term]
     options = replace(options, straggler_sigma=turned_on.straggler_sigma, straggler_scope=turned_on.straggler_scope,
-                      overlap_slowdown=turned_on.overlap_slowdown, fsdp2_copies=turned_on.fsdp2_copies)
+                      overlap_slowdown=turned_on.overlap_slowdown, fsdp2_copies=turned_on.fsdp2_copies,
+                      pp_p2p_overlap=turned_on.pp_p2p_overlap)
     space = SearchSpace(cps=(1, 2), micro_batches=(1, 2, 4))
     everything = search(job, cluster, CALIBRATION, space=space, options=options)
     pruned = search(job, cluster, CALIBRATION, space=space, options=options, keep=keep)
