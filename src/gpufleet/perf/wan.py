@@ -155,10 +155,9 @@ def pp_across_sites(step: StepEstimate, job: Job, layout: Layout, cluster: Clust
     hop = wan_collective_cost("send-recv", slice_bytes, 2, ranks, link, cluster)
     crossings = boundary_crossings(sites, vpp)
     in_fabric = step.parts.get("comm.pp")
-    # the in-fabric send-recv each crossing replaces, whole (an overlapped one hid behind compute; the WAN's is
-    # charged exposed)
-    in_fabric_hop_s = (in_fabric.exposed_s + in_fabric.hidden_s) / (2 * vpp * m) if in_fabric is not None and m \
-        else 0.0
+    # the in-fabric send-recv each crossing replaces, as the step charged it: its exposed seconds (an overlapped one
+    # cost the step nothing to take back; the WAN's is charged exposed)
+    in_fabric_hop_s = in_fabric.exposed_s / (2 * vpp * m) if in_fabric is not None and m else 0.0
     # The boundary stage's vpp sends that now cross, at the link's whole load in their direction
     added_per_micro_batch_s = max(0.0, crossings * hop.time_s - vpp * in_fabric_hop_s)
     bubble_s = (pp - 1) / vpp * added_per_micro_batch_s * boundary_stages(pp, sites, vpp) / pp
