@@ -150,10 +150,15 @@ def _descend(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float
     return values
 
 
+def _nearest(grid: Sequence[float], value: float) -> int:
+    """The index of the grid value nearest `value` (a start need not lie on the grid)."""
+    return min(range(len(grid)), key=lambda index: abs(grid[index] - value))
+
+
 def _walk(scorer: _Scorer, fit: FitRecord, rows: Sequence[int], values: Mapping[str, float]) -> float:
     """From the fit's current value, step along its grid while a step lowers the sum over `rows`."""
     grid = fit.grid()
-    at = grid.index(min(grid, key=lambda value: abs(value - values[fit.id])))
+    at = _nearest(grid, values[fit.id])
     best = scorer.total(rows, {**values, fit.id: grid[at]})
     for direction in (-1, 1):
         moved = False
@@ -177,7 +182,7 @@ def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, 
         if not scorer.chosen[fit.id]:
             continue
         grid = fit.grid()
-        at = grid.index(min(grid, key=lambda value: abs(value - values[fit.id])))
+        at = _nearest(grid, values[fit.id])
         others = [other for other in fits if other.id != fit.id]
         for shift in (sign * steps for steps in PROFILE_STEPS for sign in (-1, 1)):
             if not 0 <= at + shift < len(grid):
