@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import cross_validate
@@ -150,8 +151,18 @@ def main() -> None:
         print_cross_validation(catalog)
 
 
-#: (window, sigma) pairs --cross-validate scores: each window off, and with the sigma the FP8 series choose under it
-CONFIGURATIONS = (("micro-batch", 0.0), ("micro-batch", 0.0225), ("chunks", 0.0), ("chunks", 0.0475))
+#: the sigma the FP8 series choose under the micro-batch window (this script's own choice; the chunks window's is the
+#: recorded constant fit, judgements' fp8_amax_sync_sigma)
+MICRO_BATCH_SIGMA = 0.0225
+
+
+def configurations() -> tuple[tuple[str, float], ...]:
+    """(window, sigma) pairs --cross-validate scores: each window off, and with the sigma the FP8 series choose
+    under it."""
+    return (("micro-batch", 0.0), ("micro-batch", MICRO_BATCH_SIGMA), ("chunks", 0.0),
+            ("chunks", judgements().fp8_amax_sync_sigma))
+
+
 REGIMES = ("dense", "model-parallel", "fp8", "moe")
 FAMILIES = ("mtnlg-megatron-deepspeed", "megatron-bridge", "nemo", "megatron-core", "llama3-meta")
 
@@ -161,7 +172,7 @@ def print_cross_validation(catalog: Catalog) -> None:
     leave-one-source-out, by regime and for the families the study watches."""
     runs = [run for path in fitted_run_paths() for run in load_runs(path)]
     print("\n## Shipped run files, validate --cross-validate (median |error|)")
-    for window, sigma in CONFIGURATIONS:
+    for window, sigma in configurations():
         options = replace(StepOptions(), fp8_amax_sync_sigma=sigma, dp_overlap_window=window)  # type: ignore[arg-type]
         predictions = [predict_run(run, catalog, options) for run in runs]
         summary = cross_validate(runs, predictions, catalog, options).summary(runs, predictions)

@@ -33,21 +33,20 @@ def stack_for_target(catalog: Catalog, target: LaunchTarget, stack: str | None) 
     while its family has one: `check_launchable`), else the target's (TARGET_STACKS)."""
     if stack is None:
         return TARGET_STACKS[target]
-    check_launchable(catalog, stack)
-    launches = catalog.stack(stack).value("launch_target")
+    launches = check_launchable(catalog, stack).value("launch_target")
     if launches is not None and launches != target:
         raise InputError(f"--stack {stack} launches with --target {launches}, not --target {target}: name one "
                          f"of them, or a stack of {target} (gpufleet catalog list stacks)")
     return stack
 
 
-def check_launchable(catalog: Catalog, stack: str) -> None:
-    """InputError when `stack` is a release range with no writer of a family whose writer writes another range
-    (`torchtitan@0.1` prices a full recompute that stops early; the torchtitan files gpufleet writes do not):
-    whatever files `launch` wrote, they would not run the job the plan priced."""
+def check_launchable(catalog: Catalog, stack: str) -> StackRecord:
+    """The record `stack` names; InputError when it is a release range with no writer of a family whose writer
+    writes another range (`torchtitan@0.1` prices a full recompute that stops early; the torchtitan files gpufleet
+    writes do not): whatever files `launch` wrote, they would not run the job the plan priced."""
     record = catalog.stack(stack)
     if record.value("launch_target") is not None:
-        return
+        return record
     written = [other.id for other in catalog.records("stacks").values() if isinstance(other, StackRecord)
                and other.fold == record.fold and other.id != record.id and other.value("launch_target") is not None]
     if written:
@@ -55,6 +54,7 @@ def check_launchable(catalog: Catalog, stack: str) -> None:
         raise InputError(f"--stack {stack} prices {record.fold} {releases}, and gpufleet writes files for "
                          f"--stack {' or '.join(written)} only, whose settings differ: plan with --stack "
                          f"{written[0]} (gpufleet plan --stack {stack} plans without launching)")
+    return record
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,8 @@ class _Scorer:
         self.cases, self.catalog = cases, catalog
         self.chosen = {fit.id: [i for i, case in enumerate(cases) if selects(fit, case, catalog)] for fit in fits}
         self.reads = [tuple(fit.id for fit in fits if i in self.chosen[fit.id]) for i in range(len(cases))]
+        #: every case some fit selects, each once: the cases the objective sums over
+        self.every = [i for i, reads in enumerate(self.reads) if reads]
         self.memo: dict[tuple[int, tuple[float, ...]], float] = {}
 
     def total(self, indices: Sequence[int], values: Mapping[str, float]) -> float:
@@ -172,12 +174,11 @@ def _walk(scorer: _Scorer, fit: FitRecord, rows: Sequence[int], values: Mapping[
     return grid[at]
 
 
-def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float],
-                  every: Sequence[int]) -> dict[str, float] | None:
+def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, float]) -> dict[str, float] | None:
     """A point better than `values` over every case: one fit shifted a few grid steps, the others descended again
     with it held (coordinate descent alone stalls where two fits must move together, e.g. a faster kernel and a
     lower in-training fraction); None if no shift improves on `values`."""
-    best, best_score = None, scorer.total(every, values)
+    best, best_score = None, scorer.total(scorer.every, values)
     for fit in fits:
         if not scorer.chosen[fit.id]:
             continue
@@ -188,7 +189,7 @@ def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, 
             if not 0 <= at + shift < len(grid):
                 continue
             moved = _descend(scorer, others, {**values, fit.id: grid[at + shift]}, whole_grid=False)
-            score = scorer.total(every, moved)
+            score = scorer.total(scorer.every, moved)
             if score < best_score:
                 best, best_score = moved, score
     return best
@@ -197,7 +198,7 @@ def _profile_move(scorer: _Scorer, fits: Sequence[FitRecord], values: dict[str, 
 def fit_objective(cases: Sequence[FitCase], catalog: Catalog, values: Mapping[str, float]) -> float:
     """What `refit` lowers: the sum of |log error| over every case some fit selects, each case once."""
     scorer = _Scorer(cases, catalog, catalog.fits())
-    return scorer.total(sorted({i for rows in scorer.chosen.values() for i in rows}), values)
+    return scorer.total(scorer.every, values)
 
 
 def refit(cases: Sequence[FitCase], catalog: Catalog, start: Mapping[str, float] | None = None) -> FitResult:
@@ -207,17 +208,15 @@ def refit(cases: Sequence[FitCase], catalog: Catalog, start: Mapping[str, float]
     only the runs it selects, so one objective (the sum over every selected case) is what every step lowers."""
     fits = catalog.fits()
     scorer = _Scorer(cases, catalog, fits)
-    every = sorted({i for rows in scorer.chosen.values() for i in rows})
     values = _descend(scorer, fits, {fit.id: (start or {}).get(fit.id, fit.value) for fit in fits})
     for _ in range(MAX_SWEEPS):
-        moved = _profile_move(scorer, fits, values, every)
+        moved = _profile_move(scorer, fits, values)
         if moved is None:
             break
         values = _descend(scorer, fits, moved, whole_grid=False)
-    chosen = {fit.id: [cases[i] for i in scorer.chosen[fit.id]] for fit in fits}
-    means = {fit.id: scorer.total(scorer.chosen[fit.id], values) / len(rows) if (rows := scorer.chosen[fit.id])
-             else None for fit in fits}
-    return FitResult(values, {key: tuple(case.run.id for case in rows) for key, rows in chosen.items()}, means)
+    means = {fit.id: scorer.total(rows, values) / len(rows) if (rows := scorer.chosen[fit.id]) else None
+             for fit in fits}
+    return FitResult(values, {fit.id: tuple(cases[i].run.id for i in scorer.chosen[fit.id]) for fit in fits}, means)
 
 
 #: Most re-search-and-refit passes `fit_runs` makes before it stops (a judgement; the shipped runs settle in 2-3).
