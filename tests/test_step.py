@@ -19,7 +19,8 @@ from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.compute import gemm_time_s
-from gpufleet.perf.step import StepOptions, estimate_step, expected_destinations
+from gpufleet.perf.moe_routing import uniform_destinations as expected_destinations
+from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.workload.job import Job
 
 CATALOG = load_catalog()

@@ -102,7 +102,17 @@ MoeExpertKernels = Literal["per-expert", "grouped"]
 CudaGraphModule = Literal["attn", "moe_router", "moe_preprocess"]
 
 
+#: The gate a MoE run routes through (perf/moe_routing.py): "learned", the router as trained (group-limited where
+#: the model's router says so); "round-robin", NeMo AutoModel's benchmark FakeBalancedGate (token i gets the k
+#: consecutive experts from i·k), which keeps a token's experts on one or two GPUs.
+EpRouting = Literal["learned", "round-robin"]
+
+
 class SourcedMoeExpertKernels(Sourced[MoeExpertKernels]):
+    pass
+
+
+class SourcedEpRouting(Sourced[EpRouting]):
     pass
 
 
@@ -158,6 +168,7 @@ class StackSettings(BaseModel):
     moe_dropless: SourcedBool | None = None
     ep_comm_overlap: SourcedBool | None = None
     ep_dispatch: SourcedDispatch | None = None
+    ep_routing: SourcedEpRouting | None = None
     moe_expert_kernels: SourcedMoeExpertKernels | None = None
     fp32_params: SourcedBool | None = None
     selective_policy: SourcedPolicy | None = None
@@ -195,8 +206,8 @@ class StackSettings(BaseModel):
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
-                 "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe",
-                 "fp8_amax_group", "recompute_early_stop", "pp_p2p_overlap")
+                 "ep_dispatch", "ep_routing", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies",
+                 "fp8_recipe", "fp8_amax_group", "recompute_early_stop", "pp_p2p_overlap")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

@@ -12,6 +12,7 @@ from gpufleet.fabric.placement import group_span
 from gpufleet.parallel.layout import expert_parallel_degrees, expert_routed_tokens, local_expert_tokens
 from gpufleet.perf.comm_cost import collective, overlap
 from gpufleet.perf.compute import ACTIVATION_BYTES, LayerCompute
+from gpufleet.perf.moe_routing import token_destinations
 from gpufleet.perf.step_context import Layers, StepContext
 
 
@@ -105,16 +106,6 @@ def context_parallel_comm(ctx: StepContext, layers: Layers) -> LayerComm:
     return LayerComm(exposed, hidden, hop.link)
 
 
-def expected_destinations(experts: int, top_k: int, destinations: int) -> float:
-    """Distinct destinations (nodes or GPUs) a token's top_k experts land on, experts spread evenly over
-    `destinations` and chosen uniformly without replacement: N · (1 − C(E − E/N, k) / C(E, k))."""
-    per_destination = experts / destinations
-    miss = 1.0
-    for i in range(top_k):
-        miss *= max(0.0, experts - per_destination - i) / (experts - i)
-    return destinations * (1.0 - miss)
-
-
 def expert_parallel_comm(ctx: StepContext, layers: Layers) -> ExpertParallelComm:
     """Megatron-Core's alltoall dispatcher: each rank sends the tokens it routes itself over the EP group, then
     the etp ranks that share an expert all-gather what they received (reduce-scatter on the way back). With
@@ -131,7 +122,7 @@ def expert_parallel_comm(ctx: StepContext, layers: Layers) -> ExpertParallelComm
         copies = float(model.moe.top_k)
         if options.ep_dispatch == "dedup":  # DeepEP's layout: is the token bound for this node / this GPU
             destinations = nodes if nodes > 1 else layout.ep  # the network, else NVLink, is the cost
-            copies = expected_destinations(model.moe.experts, model.moe.top_k, destinations)
+            copies = token_destinations(model.moe, destinations, options.ep_routing)
         dispatch_bytes = local_expert_tokens(layout, ctx.tokens_mb) * copies * model.hidden * ACTIVATION_BYTES
         a2a = collective("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
         exposed += passes * a2a.time_s * options.ep_imbalance

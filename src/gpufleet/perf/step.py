@@ -13,7 +13,14 @@ from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.judgements import judgements
-from gpufleet.catalog.stacks import CudaGraphModule, Fp8AmaxGroup, Fp8Recipe, MoeExpertKernels, RecomputeEarlyStop
+from gpufleet.catalog.stacks import (
+    CudaGraphModule,
+    EpRouting,
+    Fp8AmaxGroup,
+    Fp8Recipe,
+    MoeExpertKernels,
+    RecomputeEarlyStop,
+)
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -29,7 +36,6 @@ from gpufleet.perf.layer_comm import (
     LayerComm,
     TensorParallelComm,
     context_parallel_comm,
-    expected_destinations,
     expert_parallel_comm,
     tensor_parallel_comm,
 )
@@ -43,7 +49,7 @@ from gpufleet.workload.flops import flops_per_token
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import embedding_params, layer_params, output_params
 
-__all__ = ["Part", "StepEstimate", "StepOptions", "estimate_step", "expected_destinations", "pipeline_seconds",
+__all__ = ["Part", "StepEstimate", "StepOptions", "estimate_step", "pipeline_seconds",
            "run_time_s", "stage_parameters"]
 
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
@@ -89,6 +95,10 @@ class StepOptions:
     #: (forwarded over NVLink there) and, inside one node, once per GPU (DeepEP / HybridEP, DeepSeek-V3's
     #: dispatch); "all-to-all": one copy per routed expert (Megatron-Core's alltoall dispatcher)
     ep_dispatch: Literal["all-to-all", "dedup"] = "all-to-all"
+    #: the gate tokens route through, which sets how many destinations a deduplicating dispatcher sends a token to
+    #: (perf/moe_routing.py): "learned" (the router as trained, group-limited where the model's router is) or
+    #: "round-robin" (NeMo AutoModel's benchmark FakeBalancedGate: k consecutive experts per token)
+    ep_routing: EpRouting = "learned"
     #: "per-expert": the host launches each local expert's GEMMs and casts (Transformer Engine's GroupedLinear, as
     #: Megatron-Core's TEGroupedMLP runs it); "grouped": one grouped GEMM covers every local expert (grouped_gemm's
     #: gmm, torch._grouped_mm), so the MoE host cost does not grow with the local experts (perf/moe_host.py)
