@@ -134,3 +134,15 @@ def test_automodel_runs_route_round_robin_and_megatron_bridge_runs_learned() -> 
     bridge = run_step_options(runs["mbridge-2602-gb200-deepseek-v3-256gpu"], CATALOG)
     assert automodel.ep_routing == "round-robin" and automodel.ep_dispatch == "dedup"
     assert bridge.ep_routing == "learned"
+
+
+def test_planning_with_automodel_keeps_the_learned_router() -> None:
+    # The benchmark gate is the benchmark config's choice: a user planning a real run with --stack nemo-automodel
+    # gets the router as trained, and only the runs that record the gate route round-robin.
+    from gpufleet.planner.published_runs import framework_options
+
+    assert framework_options(CATALOG.stack("nemo-automodel")).ep_routing == "learned"
+    runs = [run for path in fitted_run_paths() for run in load_runs(path)]
+    round_robin = {run.id for run in runs if run_step_options(run, CATALOG).ep_routing == "round-robin"}
+    assert round_robin == {"automodel-h100-deepseek-v3-1024gpu", "automodel-h100-deepseek-v3-256gpu",
+                           "automodel-h100-qwen3-30b-a3b-8gpu"}

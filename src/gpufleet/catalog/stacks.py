@@ -112,10 +112,6 @@ class SourcedMoeExpertKernels(Sourced[MoeExpertKernels]):
     pass
 
 
-class SourcedEpRouting(Sourced[EpRouting]):
-    pass
-
-
 class SourcedFp8Recipe(Sourced[Fp8Recipe]):
     pass
 
@@ -168,7 +164,6 @@ class StackSettings(BaseModel):
     moe_dropless: SourcedBool | None = None
     ep_comm_overlap: SourcedBool | None = None
     ep_dispatch: SourcedDispatch | None = None
-    ep_routing: SourcedEpRouting | None = None
     moe_expert_kernels: SourcedMoeExpertKernels | None = None
     fp32_params: SourcedBool | None = None
     selective_policy: SourcedPolicy | None = None
@@ -206,7 +201,7 @@ class StackSettings(BaseModel):
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
-                 "ep_dispatch", "ep_routing", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies",
+                 "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies",
                  "fp8_recipe", "fp8_amax_group", "recompute_early_stop", "pp_p2p_overlap")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 

@@ -31,6 +31,7 @@ from gpufleet.catalog.stacks import (
     MEMORY_SETTINGS,
     STEP_SETTINGS,
     CudaGraphModule,
+    EpRouting,
     Fp8AmaxGroup,
     Fp8Recipe,
     StackChoice,
@@ -122,6 +123,10 @@ class RunMoESettings(BaseModel):
     #: "dedup": a token sent once per destination (Megatron-Core's flex dispatcher with DeepEP or HybridEP);
     #: "all-to-all": once per routed expert (the alltoall dispatcher): StepOptions.ep_dispatch
     ep_dispatch: Literal["all-to-all", "dedup"] | None = None
+    #: the gate the run's tokens routed through: "round-robin" for a benchmark gate that gives each token k
+    #: consecutive experts (NeMo AutoModel's FakeBalancedGate); "learned" the router (perf/moe_routing.py):
+    #: StepOptions.ep_routing
+    ep_routing: EpRouting | None = None
     #: the layer parts the run captured in CUDA graphs (Megatron-Core's cuda_graph_modules with
     #: cuda_graph_impl transformer_engine): StepOptions.moe_cuda_graph_modules
     cuda_graph_modules: list[CudaGraphModule] | None = None
@@ -409,6 +414,7 @@ def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions |
     own: dict[str, Any] = {
         "fused_elementwise": False if run.elementwise == "eager" else None,
         "ep_comm_overlap": moe.ep_overlap if moe else None, "ep_dispatch": moe.ep_dispatch if moe else None,
+        "ep_routing": moe.ep_routing if moe else None,
         "moe_cuda_graph_modules": tuple(moe.cuda_graph_modules) if moe and moe.cuda_graph_modules else None,
         "fp8_recipe": fp8.recipe if fp8 else None, "fp8_amax_group": fp8.amax_group if fp8 else None}
     return replace(options, **{name: value for name, value in own.items() if value is not None})
