@@ -834,7 +834,7 @@ def test_residuals_frozen_host_diagnostic() -> None:
     assert_quotes(text, "The MoE LOSO median then falls from **", moe, nth=2, scale=100)  # "still above the in-sample"
     worst = min(errors, key=errors.__getitem__)
     assert_quotes(text, "and no run is worse than −", -errors[worst], scale=100)
-    assert worst == "automodel-h100-deepseek-v3-256gpu"  # "(NeMo AutoModel's DeepSeek-V3 on 256 GPUs)"
+    assert worst == "mbridge-2511-gb200-qwen3-235b-a22b-256gpu"  # "(Megatron-Bridge 25.11's Qwen3-235B on 256 GB200s)"
 
 
 @pytest.mark.slow
