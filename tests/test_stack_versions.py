@@ -98,26 +98,20 @@ def test_naming_the_version_moves_the_prediction_toward_the_measurement() -> Non
     rows = compare_versions(runs, load_catalog())
     assert len(rows) == sum(is_versioned(run) for run in runs) == 87
     table = {row.label: row for row in version_table(rows)}
-    # Exceptions, each shown in docs/validation.md's table. llm-foundry@0.4-0.21 (PyTorch's early-stopping
-    # recompute, docs/model.md) is 5.1 % against 5.0 % under the bare name: the H100 tables' full-recompute rows move
-    # from under to over their measurements, to the level of the family's no-recompute rows (+4 to +9 % either way).
-    # The llm-foundry family (its A100 rows, 4.5 % against 3.3 %) is nearer with no stack: gpufleet's default
-    # FA2-class attention is faster than the family's FlashAttention-1 and those rows are under-predicted.
-    # nemo@25.x, 8.2 % against 7.7 % with no stack since the chunks window became the default (its userbuffers TP
-    # overlap now speeds up Blackwell rows the window already made fast).
-    near_bare = {"llm-foundry@0.4-0.21", "llm-foundry (every release)"}
-    near_default = {"nemo@25.x", "llm-foundry", "llm-foundry (every release)"}
+    # The exception, shown in docs/validation.md's table: the four llm-foundry rows outside the 0.4-0.21 range (its
+    # A100 rows) are nearer with no stack (4.6 % against 3.2 %): gpufleet's default FA2-class attention is faster
+    # than the family's FlashAttention-1 and those rows are under-predicted. (Before the MoE routing change's refit
+    # of the cuDNN attention fit, llm-foundry@0.4-0.21 and nemo@25.x were exceptions too; they no longer are.)
+    near_default = {"llm-foundry"}
     for label, row in table.items():
         assert row.worst_move_away < 0.35, label
-        if label not in near_bare:
-            assert row.versioned <= row.bare, label
+        assert row.versioned <= row.bare, label
         if label not in near_default:
             assert row.versioned <= row.default, label
-    for label in near_bare:  # within a point of the bare name's median
-        assert table[label].versioned <= table[label].bare + 0.01, label
-    # the 2024 NeMo runs (24.11 and 24.12): the 24.x performance settings against the defaults a bare name gets
+    # the 2024 NeMo runs (24.11 and 24.12): the 24.x performance settings against the defaults a bare name gets and
+    # no stack (17.5 % and 17.3 %, within a point of each other)
     nemo_2024 = table["nemo@24.x"]
-    assert nemo_2024.runs == 9 and nemo_2024.versioned < nemo_2024.bare < nemo_2024.default
+    assert nemo_2024.runs == 9 and nemo_2024.versioned < min(nemo_2024.bare, nemo_2024.default) - 0.1
 
 
 def test_a_run_naming_a_bare_framework_gets_the_conservative_settings_and_says_so() -> None:
