@@ -201,8 +201,8 @@ class StackSettings(BaseModel):
 
 #: StackSettings fields that are StepOptions fields, and those that are MemoryAssumptions fields.
 STEP_SETTINGS = ("tp_comm_overlap", "tp_async_backward", "ep_imbalance", "moe_dropless", "ep_comm_overlap",
-                 "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies",
-                 "fp8_recipe", "fp8_amax_group", "recompute_early_stop", "pp_p2p_overlap")
+                 "ep_dispatch", "moe_expert_kernels", "loss_bytes_per_logit", "fsdp2_copies", "fp8_recipe",
+                 "fp8_amax_group", "recompute_early_stop", "pp_p2p_overlap")
 MEMORY_SETTINGS = ("grad_dtype", "fp32_params", "selective_policy", "tp_gathered_inputs", "logits_bytes_per_element")
 
 

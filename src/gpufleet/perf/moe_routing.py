@@ -21,12 +21,14 @@ expert-parallel layout).
 
 from __future__ import annotations
 
+from functools import cache
 from math import comb, gcd
 
 from gpufleet.catalog.records import MoESpec
 from gpufleet.catalog.stacks import EpRouting
 
 
+@cache  # pure in its integers; the plan search asks the same few shapes many times
 def uniform_destinations(experts: int, top_k: int, destinations: int) -> float:
     """Distinct destinations a token's top_k experts land on, experts spread evenly over `destinations` and
     chosen uniformly without replacement: N · (1 − C(E − E/N, k) / C(E, k))."""
@@ -37,6 +39,7 @@ def uniform_destinations(experts: int, top_k: int, destinations: int) -> float:
     return destinations * (1.0 - miss)
 
 
+@cache
 def group_limited_destinations(experts: int, top_k: int, destinations: int, groups: int, group_topk: int) -> float:
     """Distinct destinations under group-limited routing: `group_topk` of `groups` groups of consecutive experts
     are chosen uniformly, then top_k experts uniformly among theirs. Exact where groups nest in destinations or
@@ -59,6 +62,7 @@ def group_limited_destinations(experts: int, top_k: int, destinations: int, grou
     return uniform_destinations(experts, top_k, destinations)
 
 
+@cache
 def round_robin_destinations(experts: int, top_k: int, destinations: int) -> float:
     """Distinct destinations when token i gets experts i·k … i·k + k − 1 (mod E), averaged over the tokens of one
     full cycle (E / gcd(E, k) tokens)."""
