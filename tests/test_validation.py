@@ -26,6 +26,7 @@ from gpufleet.planner.published_runs import (
     PublishedRun,
     check_run_stacks,
     fitted_run_paths,
+    framework_options,
     load_runs,
     run_calibration,
     run_step_options,
@@ -164,9 +165,9 @@ def test_each_run_gets_the_attention_kernel_its_stack_used() -> None:
 
 
 def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
-    # Megatron-Bridge's performance recipes set ddp.grad_reduce_in_fp32=False (bf16 gradient buffer), turn
-    # on TP communication overlap and benchmark MoE models with force-balanced routing; other stacks keep
-    # gpufleet's Megatron-LM defaults (fp32 main_grad, no TP overlap, 1.2 expert imbalance).
+    # Megatron-Bridge's performance recipes set ddp.grad_reduce_in_fp32=False (bf16 gradient buffer) and turn
+    # on TP communication overlap; its MoE runs record the benchmark's force-balanced routing (moe_settings
+    # ep_imbalance 1.0). Other stacks keep gpufleet's Megatron-LM defaults (fp32 main_grad, no TP overlap).
     runs = {run.id: run for run in load_runs()}
     bridge = _options(runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"], StepOptions(dp_overlap=False))
     assert bridge.memory.grad_dtype == "bf16"
@@ -563,9 +564,23 @@ def test_automodel_attention_is_transformer_engines_cudnn() -> None:
 
 
 def test_automodel_benchmarks_route_through_a_balanced_gate() -> None:
-    # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler
+    # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler. The
+    # runs say so; the stack does not, so a plan with --stack nemo-automodel keeps the judged imbalance.
     run = load_runs(shipped_runs_path("automodel_fitted.yaml"))[0]
     assert run.stack == "nemo-automodel" and _options(run).ep_imbalance == 1.0
+    assert framework_options(load_catalog().stack("nemo-automodel")).ep_imbalance == StepOptions().ep_imbalance
+
+
+def test_balanced_routing_is_recorded_on_every_benchmark_moe_run() -> None:
+    # Every MoE run of a stack whose benchmarks balance the routing by force (Megatron-Bridge's
+    # moe_router_force_load_balancing or token drop at capacity 1.0; AutoModel's FakeBalancedGate) records it.
+    runs = [run for path in fitted_run_paths() for run in load_runs(path)]
+    runs += load_runs(shipped_runs_path("megatron_bridge_2604_holdout.yaml"))
+    benchmark = [run for run in runs if run.model.moe is not None
+                 and (run.stack or "").startswith(("megatron-bridge", "nemo-automodel"))]
+    assert len(benchmark) == 26
+    for run in benchmark:
+        assert _options(run).ep_imbalance == 1.0, run.id
 
 
 def test_automodel_experts_are_one_grouped_gemm_and_megatron_bridge_experts_are_per_expert() -> None:

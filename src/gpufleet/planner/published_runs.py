@@ -127,6 +127,10 @@ class RunMoESettings(BaseModel):
     #: consecutive experts (NeMo AutoModel's FakeBalancedGate); "learned" the router (perf/moe_routing.py):
     #: StepOptions.ep_routing
     ep_routing: EpRouting | None = None
+    #: slowest expert rank / mean: 1.0 for a benchmark that balances the routing by force (Megatron-Core's
+    #: moe_router_force_load_balancing, AutoModel's FakeBalancedGate); null: the judgement for learned routing:
+    #: StepOptions.ep_imbalance
+    ep_imbalance: float | None = Field(default=None, ge=1)
     #: the layer parts the run captured in CUDA graphs (Megatron-Core's cuda_graph_modules with
     #: cuda_graph_impl transformer_engine): StepOptions.moe_cuda_graph_modules
     cuda_graph_modules: list[CudaGraphModule] | None = None
@@ -415,6 +419,7 @@ def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions |
         "fused_elementwise": False if run.elementwise == "eager" else None,
         "ep_comm_overlap": moe.ep_overlap if moe else None, "ep_dispatch": moe.ep_dispatch if moe else None,
         "ep_routing": moe.ep_routing if moe else None,
+        "ep_imbalance": moe.ep_imbalance if moe else None,
         "moe_cuda_graph_modules": tuple(moe.cuda_graph_modules) if moe and moe.cuda_graph_modules else None,
         "fp8_recipe": fp8.recipe if fp8 else None, "fp8_amax_group": fp8.amax_group if fp8 else None}
     return replace(options, **{name: value for name, value in own.items() if value is not None})
