@@ -30,6 +30,14 @@ def doc(name: str) -> str:
     return (ROOT / name).read_text(encoding="utf-8")
 
 
+def doc_section(name: str, heading: str) -> str:
+    """The text of `name` from `heading` up to the next second-level heading."""
+    text = doc(name)
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else len(text)]
+
+
 def figure_after(text: str, marker: str, *, nth: int = 0) -> tuple[float, int]:
     """The `nth` number after the first occurrence of `marker` in `text`, and its decimals (its rounding)."""
     start = text.find(marker)

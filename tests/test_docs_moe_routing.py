@@ -15,7 +15,7 @@ from gpufleet.catalog.registry import load_catalog
 from gpufleet.perf.moe_routing import uniform_destinations
 from gpufleet.planner.published_runs import PublishedRun, fitted_run_paths, load_runs
 from gpufleet.planner.validate import predict_run
-from test_docs_live import command_json, doc
+from test_docs_live import command_json, doc_section
 from test_docs_live_more import table_row
 
 SECTION = "## Routing sets the copies a deduplicating dispatcher sends"
@@ -27,9 +27,7 @@ ROWS = {"AutoModel Qwen3-30B-A3B, 8 H100": "automodel-h100-qwen3-30b-a3b-8gpu",
 
 
 def _section() -> str:
-    text = doc("docs/moe.md")
-    start = text.index(SECTION)
-    return text[start:text.index("\n## ", start + len(SECTION))]
+    return doc_section("docs/moe.md", SECTION)
 
 
 def _signed(error: float) -> str:

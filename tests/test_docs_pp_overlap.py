@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from test_docs_live import command_json, doc
+from test_docs_live import command_json, doc_section
 from test_docs_live_more import table_row
 
 SECTION = "## Pipeline sends overlapped with compute"
 
 
 def _section() -> str:
-    text = doc("docs/residuals.md")
-    start = text.index(SECTION)
-    return text[start:text.index("\n## ", start + len(SECTION))]
+    return doc_section("docs/residuals.md", SECTION)
 
 
 def _pct(value: float) -> str:

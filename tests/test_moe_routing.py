@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import load_catalog
-from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.moe_routing import (
     group_limited_destinations,
@@ -22,15 +21,36 @@ from gpufleet.perf.moe_routing import (
     uniform_destinations,
 )
 from gpufleet.perf.step import StepOptions, estimate_step
-from gpufleet.planner.published_runs import fitted_run_paths, load_runs, run_step_options
+from gpufleet.planner.published_runs import fitted_run_paths, framework_options, load_runs, run_step_options
 from gpufleet.workload.job import Job
+from test_step import cluster
 
 CATALOG = load_catalog()
 CAL = CATALOG.get("calibrations", "h100-sxm", CalibrationProfile)
 
 
-def _cluster(gpus: int) -> Cluster:
-    return Cluster(CATALOG.gpu("h100-sxm"), CATALOG.node("dgx-h100"), gpus, Fabric(CATALOG.network("ndr400")))
+def test_uniform_destinations_by_hand() -> None:
+    # 16 experts on 2 nodes, top-2 without replacement: a node is missed with probability C(8,2)/C(16,2) = 28/120.
+    assert uniform_destinations(16, 2, 2) == pytest.approx(2 * (1 - 28 / 120))
+    assert uniform_destinations(256, 8, 1) == pytest.approx(1.0)
+    assert uniform_destinations(8, 8, 8) == pytest.approx(8.0)  # top-k of all experts hits every node
+
+
+@settings(deadline=None)  # 2,000 routing draws per example: tens of ms, more on a busy CI machine
+@given(st.integers(0, 7), st.integers(1, 16), st.integers(0, 6))
+def test_uniform_destinations_between_one_and_the_fewer_of_top_k_and_destinations(
+        log_destinations: int, top_k: int, log_per_destination: int) -> None:
+    # A token reaches at least one destination and at most one per routed expert or per destination; a
+    # Monte-Carlo draw of the same routing agrees with the closed form (within 5 standard errors).
+    destinations = 2 ** log_destinations
+    experts = destinations * 2 ** log_per_destination
+    assume(top_k <= experts)
+    expected = uniform_destinations(experts, top_k, destinations)
+    assert 1.0 - 1e-9 <= expected <= min(top_k, destinations) + 1e-9
+    rng = random.Random(experts * 131 + top_k)
+    draws = [len({e * destinations // experts for e in rng.sample(range(experts), top_k)}) for _ in range(2000)]
+    mean = statistics.fmean(draws)
+    assert mean == pytest.approx(expected, abs=max(0.01, 5 * statistics.pstdev(draws) / len(draws) ** 0.5))
 
 
 def test_round_robin_keeps_a_token_on_one_node_by_hand() -> None:
@@ -120,7 +140,7 @@ def test_round_robin_gate_cuts_the_deduplicated_all_to_all_only() -> None:
 
     def ep_s(dispatch: str, routing: str) -> float:
         options = StepOptions(dp_overlap=False, ep_dispatch=dispatch, ep_routing=routing)  # type: ignore[arg-type]
-        return estimate_step(job, layout, _cluster(16), CAL, options).parts["comm.ep"].exposed_s
+        return estimate_step(job, layout, cluster(16), CAL, options).parts["comm.ep"].exposed_s
 
     learned_copies = 2 * (1 - math.prod((128 - 64 - i) / (128 - i) for i in range(8)))
     assert ep_s("dedup", "round-robin") / ep_s("dedup", "learned") == pytest.approx(1 / learned_copies, rel=0.02)
@@ -139,8 +159,6 @@ def test_automodel_runs_route_round_robin_and_megatron_bridge_runs_learned() -> 
 def test_planning_with_automodel_keeps_the_learned_router() -> None:
     # The benchmark gate is the benchmark config's choice: a user planning a real run with --stack nemo-automodel
     # gets the router as trained, and only the runs that record the gate route round-robin.
-    from gpufleet.planner.published_runs import framework_options
-
     assert framework_options(CATALOG.stack("nemo-automodel")).ep_routing == "learned"
     runs = [run for path in fitted_run_paths() for run in load_runs(path)]
     round_robin = {run.id for run in runs if run_step_options(run, CATALOG).ep_routing == "round-robin"}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
-import statistics
 from dataclasses import replace
 
 import pytest
@@ -19,7 +17,6 @@ from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.compute import gemm_time_s
-from gpufleet.perf.moe_routing import uniform_destinations as expected_destinations
 from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.workload.job import Job
 
@@ -328,30 +325,6 @@ def test_cuda_graphed_router_and_preprocess_launch_once_by_hand() -> None:
         assert math.isclose(step.parts["host.moe"].exposed_s, m * layers * kernels * 10e-6, rel_tol=1e-9)
         assert (f"host launches {kernels} kernels/layer" in step.parts["host.moe"].link)
         assert ("CUDA graph" in step.parts["host.moe"].link) == ("moe_router" in modules)
-
-
-def test_expected_destinations_by_hand() -> None:
-    # 16 experts on 2 nodes, top-2 without replacement: a node is missed with probability C(8,2)/C(16,2) = 28/120.
-    assert expected_destinations(16, 2, 2) == pytest.approx(2 * (1 - 28 / 120))
-    assert expected_destinations(256, 8, 1) == pytest.approx(1.0)
-    assert expected_destinations(8, 8, 8) == pytest.approx(8.0)  # top-k of all experts hits every node
-
-
-@settings(deadline=None)  # 2,000 routing draws per example: tens of ms, more on a busy CI machine
-@given(st.integers(0, 7), st.integers(1, 16), st.integers(0, 6))
-def test_expected_destinations_between_one_and_the_fewer_of_top_k_and_destinations(
-        log_destinations: int, top_k: int, log_per_destination: int) -> None:
-    # A token reaches at least one destination and at most one per routed expert or per destination; a
-    # Monte-Carlo draw of the same routing agrees with the closed form (within 5 standard errors).
-    destinations = 2 ** log_destinations
-    experts = destinations * 2 ** log_per_destination
-    assume(top_k <= experts)
-    expected = expected_destinations(experts, top_k, destinations)
-    assert 1.0 - 1e-9 <= expected <= min(top_k, destinations) + 1e-9
-    rng = random.Random(experts * 131 + top_k)
-    draws = [len({e * destinations // experts for e in rng.sample(range(experts), top_k)}) for _ in range(2000)]
-    mean = statistics.fmean(draws)
-    assert mean == pytest.approx(expected, abs=max(0.01, 5 * statistics.pstdev(draws) / len(draws) ** 0.5))
 
 
 def test_dedup_dispatch_across_nodes_sends_each_token_once_per_destination_node() -> None:
