@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import shipped_judgements
 from gpufleet.catalog.registry import Catalog, load_catalog
 from gpufleet.perf.step import StepOptions
 from gpufleet.planner.fit import cross_validate
@@ -160,7 +160,7 @@ def configurations() -> tuple[tuple[str, float], ...]:
     """(window, sigma) pairs --cross-validate scores: each window off, and with the sigma the FP8 series choose
     under it."""
     return (("micro-batch", 0.0), ("micro-batch", MICRO_BATCH_SIGMA), ("chunks", 0.0),
-            ("chunks", judgements().fp8_amax_sync_sigma))
+            ("chunks", shipped_judgements().fp8_amax_sync_sigma))
 
 
 REGIMES = ("dense", "model-parallel", "fp8", "moe")

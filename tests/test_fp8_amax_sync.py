@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from clirun import one_error_line, run_gpufleet
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import shipped_judgements
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.errors import InputError
 from gpufleet.fabric.topology import Cluster, Fabric
@@ -66,7 +66,7 @@ def _gpt3_step(dp: int, precision: str, sigma: float):
 
 
 def test_the_step_adds_sigma_times_the_expected_slowest_replica_of_the_pipeline() -> None:
-    sigma = judgements().fp8_amax_sync_sigma
+    sigma = shipped_judgements().fp8_amax_sync_sigma
     off, on = _gpt3_step(4, "fp8", 0.0), _gpt3_step(4, "fp8", sigma)
     assert "sync.fp8-amax" not in off.parts
     # e(4) = 1.0294 (the expected maximum of four standard normals): the term is pipeline x sigma x 1.0294
@@ -80,7 +80,7 @@ def test_the_step_adds_sigma_times_the_expected_slowest_replica_of_the_pipeline(
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 6))
 def test_tokens_per_gpu_do_not_rise_with_dp_at_fixed_work_per_replica_and_fall_boundedly(doublings: int) -> None:
-    sigma = judgements().fp8_amax_sync_sigma
+    sigma = shipped_judgements().fp8_amax_sync_sigma
     small, large = _gpt3_step(2 ** (doublings - 1), "fp8", sigma), _gpt3_step(2 ** doublings, "fp8", sigma)
     assert large.tokens_per_s_per_gpu <= small.tokens_per_s_per_gpu
     # bounded: one doubling costs at most sigma x sqrt(2 ln 2dp) of the pipeline plus the DP collective's growth,
@@ -96,7 +96,7 @@ def test_held_out_fp8_series_fall_with_dp_as_measured_once_the_term_is_on() -> N
     # the chunks window, which by itself predicts both series flat). (Llama 3.1 405B's 9.0 % fall, dp 4 -> 16, mostly
     # in its last step, is not reproduced; docs/dp-scaling.md.)
     runs = {run.id: run for run in load_runs(PUBLIC)}
-    on = StepOptions(fp8_amax_sync_sigma=judgements().fp8_amax_sync_sigma)  # the default (chunks window)
+    on = StepOptions(fp8_amax_sync_sigma=shipped_judgements().fp8_amax_sync_sigma)  # the default (chunks window)
     off = StepOptions(fp8_amax_sync_sigma=0.0)
     for first, last in (("dgxc-gpt3-fp8-128gpu", "dgxc-gpt3-fp8-2048gpu"),
                         ("dgxc-nemotron-fp8-256gpu", "dgxc-nemotron-fp8-2048gpu")):
@@ -123,7 +123,7 @@ def test_validate_turns_the_dp_scaling_terms_on_and_says_so() -> None:
     on = run_gpufleet("validate", "--json", "--runs", path)  # the defaults: the recorded sigma, the chunks window
     assert off.returncode == 0 and on.returncode == 0, on.stderr
     before, after = json.loads(off.stdout), json.loads(on.stdout)
-    assert after["options"]["fp8_amax_sync_sigma"] == judgements().fp8_amax_sync_sigma
+    assert after["options"]["fp8_amax_sync_sigma"] == shipped_judgements().fp8_amax_sync_sigma
     assert after["options"]["dp_overlap_window"] == "chunks"
     by_id = {run["id"]: run["predicted_tokens_per_s_per_gpu"] for run in after["runs"]}
     was = {run["id"]: run["predicted_tokens_per_s_per_gpu"] for run in before["runs"]}
@@ -158,7 +158,7 @@ def test_plan_prices_the_same_terms_as_validate() -> None:
     assert 0.9 * 0.02 * 1.4236 * before["step_s"] < wait < 0.02 * 1.4236 * before["step_s"]
     assert on["framework"]["fp8_amax_sync_sigma"] == 0.02 and off["framework"]["fp8_amax_sync_sigma"] == 0.0
     recorded = _pinned_plan("--precision", "fp8")  # the default is the recorded fit
-    assert recorded["framework"]["fp8_amax_sync_sigma"] == judgements().fp8_amax_sync_sigma
+    assert recorded["framework"]["fp8_amax_sync_sigma"] == shipped_judgements().fp8_amax_sync_sigma
     # BF16 GEMMs reduce no amax: the flag changes nothing
     bf16 = _pinned_plan("--precision", "bf16")["plans"][0]
     assert _pinned_plan("--precision", "bf16", "--fp8-amax-sync", "2%")["plans"][0]["step_s"] == bf16["step_s"]
@@ -191,7 +191,7 @@ def _gpt3_fp8_step(recipe: str, group: str, sigma: float):
 def test_only_delayed_scaling_over_the_replicas_waits(recipe: str, group: str) -> None:
     # Current, MX and blockwise scaling compute each scale from the tensor itself: no amax history crosses ranks.
     # tp_only_amax_red keeps delayed scaling's all-reduce inside one replica. Neither meets the other replicas.
-    sigma = judgements().fp8_amax_sync_sigma
+    sigma = shipped_judgements().fp8_amax_sync_sigma
     scoped, off = _gpt3_fp8_step(recipe, group, sigma), _gpt3_fp8_step(recipe, group, 0.0)
     assert "sync.fp8-amax" not in scoped.parts and scoped.step_s == off.step_s
     # Megatron-Core's default (delayed over tp x dp x cp) waits sigma x e(8) = 2 % x 1.4236 of the pipeline

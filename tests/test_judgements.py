@@ -11,14 +11,15 @@ import yaml
 
 from clirun import one_error_line
 from clirun import run_gpufleet as gpufleet
-from gpufleet.catalog.judgements import Judgements, judgements, shipped_judgements, using
+from gpufleet.catalog.judgements import Judgements, shipped_judgements
 from gpufleet.catalog.registry import Catalog, load_catalog
-from gpufleet.economics.defaults import checkpoint_bytes_per_param, reliability_defaults
 from gpufleet.errors import CatalogError
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.layout import Layout
 from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.step import StepOptions, estimate_step
+from gpufleet.planner.plan import PlanRequest, make_plan
+from gpufleet.reliability.defaults import checkpoint_bytes_per_param, reliability_defaults
 from gpufleet.workload.job import Job
 
 GIB = 2**30
@@ -62,20 +63,48 @@ def test_the_step_and_the_memory_model_use_the_shipped_values() -> None:
     step = estimate_step(job, Layout(dp=8, sharding="zero1", micro_batch=1, recompute="full"), cluster,
                          catalog.calibration("h100-sxm"))
     assert step.parts["overhead"].exposed_s == judged.step_overhead_s == 0.005
-    assert StepOptions().ep_imbalance == judged.ep_imbalance == 1.2
+    assert StepOptions().resolved_ep_imbalance == judged.ep_imbalance == 1.2
     assert cluster.scale_up_step_latency_s == judged.scale_up_step_latency_s == 2e-6
     memory = MemoryAssumptions()
-    assert (memory.overhead_fixed_bytes, memory.overhead_fraction) == (1.5 * GIB, 0.10)
-    assert (memory.dp_bucket_elements, memory.optimizer_bytes_per_param) == (40e6, 12.0)
-    assert StepOptions().memory.dp_bucket_elements == memory.dp_bucket_elements  # one bucket for both models
+    assert (memory.resolved_overhead_fixed_bytes, memory.resolved_overhead_fraction) == (1.5 * GIB, 0.10)
+    assert (memory.resolved_dp_bucket_elements, memory.resolved_optimizer_bytes_per_param) == (40e6, 12.0)
+    # one bucket for both models
+    assert StepOptions().memory.resolved_dp_bucket_elements == memory.resolved_dp_bucket_elements
 
 
-def test_a_judgement_in_force_is_read_when_an_option_is_made() -> None:
+def test_judgements_are_a_value_the_options_carry_never_ambient_state() -> None:
     changed = shipped_judgements().model_copy(update={"ep_imbalance": 1.5, "memory_overhead_fraction": 0.2})
-    with using(changed):
-        assert judgements() is changed
-        assert StepOptions().ep_imbalance == 1.5 and MemoryAssumptions().overhead_fraction == 0.2
-    assert judgements() == shipped_judgements() and StepOptions().ep_imbalance == 1.2
+    options = StepOptions(judgements=changed)
+    assert options.resolved_ep_imbalance == 1.5
+    assert options.memory.resolved_overhead_fraction == 0.2  # the memory model prices with the options' judgements
+    assert StepOptions(judgements=changed, ep_imbalance=1.0).resolved_ep_imbalance == 1.0  # a value given wins
+    assert StepOptions().resolved_ep_imbalance == 1.2  # building one elsewhere changed nothing
+    # a catalog's judgements fill only options that name none
+    assert options.with_judgements(shipped_judgements()) is options
+    assert StepOptions().with_judgements(changed).resolved_ep_imbalance == 1.5
+
+
+def _overhead_catalog(tmp_path: Path, overhead_s: float) -> Catalog:
+    return load_catalog([_override(tmp_path, **{"step-overhead-s": overhead_s})])
+
+
+def test_the_same_request_built_in_two_places_prices_the_same_with_a_catalog_that_overrides(tmp_path: Path) -> None:
+    """make_plan(request, catalog) prices with catalog's judgements whatever was in force when the request was made
+    (the judgements were a context variable: a request built outside `with using(...)` priced 0.005 s of overhead,
+    one built inside it 0.5 s)."""
+    catalog = _overhead_catalog(tmp_path, 0.505)
+    here = PlanRequest(model="llama3-8b", gpus=64, top=1)
+
+    def elsewhere() -> PlanRequest:
+        return PlanRequest(model="llama3-8b", gpus=64, top=1)
+
+    first, second = make_plan(here, catalog).plans[0], make_plan(elsewhere(), catalog).plans[0]
+    shipped = make_plan(here, load_catalog()).plans[0]
+    assert first.candidate.step.parts["overhead"].exposed_s == 0.505
+    assert second.candidate.step.step_s == first.candidate.step.step_s
+    assert shipped.candidate.step.parts["overhead"].exposed_s == 0.005
+    # the result says which judgements priced it
+    assert make_plan(here, catalog).request.options.judged.step_overhead_s == 0.505
 
 
 def test_catalog_override_of_the_step_overhead_changes_plans_step_by_exactly_that(tmp_path: Path) -> None:
@@ -84,7 +113,7 @@ def test_catalog_override_of_the_step_overhead_changes_plans_step_by_exactly_tha
     assert after["layout"] == before["layout"]  # every layout pays the same half second more
     assert after["step_s"] == pytest.approx(before["step_s"] + 0.5, rel=1e-12)
     assert after["parts"]["overhead"]["exposed_s"] == 0.505
-    assert judgements() == shipped_judgements()  # the command's catalog stayed inside the command
+    assert _plan()["parts"]["overhead"]["exposed_s"] == 0.005  # the command's catalog stayed inside the command
 
 
 def test_catalog_override_of_the_memory_allowance_changes_plans_memory_as_its_formula_says(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clirun import one_error_line, run_gpufleet
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import shipped_judgements
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster
 from gpufleet.perf.overlap_contention import COLLECTIVE_PARTS, OVERLAP_COMPUTE_SLOWDOWN
@@ -171,7 +171,7 @@ def test_validate_takes_the_terms_and_says_so() -> None:
     assert off.returncode == 0 and on.returncode == 0, on.stderr
     before, after = json.loads(off.stdout), json.loads(on.stdout)
     assert after["options"] == {"straggler_sigma": 0.015, "straggler_scope": "job", "overlap_slowdown": 0.189,
-                                "fsdp2_copies": None, "fp8_amax_sync_sigma": judgements().fp8_amax_sync_sigma,
+                                "fsdp2_copies": None, "fp8_amax_sync_sigma": shipped_judgements().fp8_amax_sync_sigma,
                                 "dp_overlap_window": "chunks", "pp_p2p_overlap": True}
     pairs = [(a["predicted_tokens_per_s_per_gpu"], b["predicted_tokens_per_s_per_gpu"])
              for a, b in zip(before["runs"], after["runs"], strict=True) if a["predicted_tokens_per_s_per_gpu"]]

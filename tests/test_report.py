@@ -21,11 +21,11 @@ from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.tco import onprem_tco
 from gpufleet.planner.plan import PlanRequest, PlanResult, make_plan
 from gpufleet.planner.published_runs import framework_options
+from gpufleet.planner.request_file import request_from_dict, request_to_dict
 from gpufleet.reliability.goodput import goodput
 from gpufleet.report.html import write_report
 from gpufleet.report.plan_figures import PlanFigures, plan_figures
 from gpufleet.report.plan_html import plan_report
-from gpufleet.report.saved import request_from_dict, request_to_dict
 from gpufleet.report.svg import OKABE_ITO, Axis, Series, _linear_ticks, bar_chart, figure, line_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -176,7 +176,11 @@ TORCHTITAN = load_catalog([]).stack("torchtitan")
     options=framework_options(TORCHTITAN, overlap_tp=True, dtensor_tp=None, overlap_ep=None, ep_dispatch=None,
                               selective_policy=None, eager=True))])
 def test_a_request_survives_json(request_: PlanRequest) -> None:
-    assert request_from_dict(json.loads(json.dumps(request_to_dict(request_)))) == request_
+    # the file records the judged values that price it (StepOptions.stated), and prices the same
+    back = request_from_dict(json.loads(json.dumps(request_to_dict(request_))))
+    assert back == replace(request_, options=request_.options.stated())
+    assert back.options.resolved_step_overhead_s == request_.options.resolved_step_overhead_s
+    assert back.options.memory.resolved_overhead_fraction == request_.options.memory.resolved_overhead_fraction
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:

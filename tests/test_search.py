@@ -168,14 +168,14 @@ def test_cheaper_variants_at_pp2_are_the_fewest_that_fit_and_never_beat_no_recom
 def test_offloaded_tensors_must_fit_in_the_nodes_ram() -> None:
     # Llama 3.1 405B at 8K on 2,048 H100s reaches for activation offload (hundreds of GiB per GPU). A node with
     # 256 GiB of RAM can pin at most 0.8 x 256 GiB for its 8 GPUs: such layouts are rejected as "host memory".
-    from gpufleet.planner.search import host_ram_usable_fraction
+    from gpufleet.catalog.judgements import shipped_judgements
 
     job = Job(CATALOG.model("llama3-405b"), tokens=1e12, seq_len=8192, global_batch=2048)
     small = CATALOG.node("dgx-h100").model_copy(update={"cpu_ram_gib": 256})
     for node in (CATALOG.node("dgx-h100"), small):
         big = Cluster(H100, node, 2048, Fabric(CATALOG.network("ndr400")))
         result = search(job, big, CAL, space=SearchSpace(micro_batches=(1, 2), vpps=(1,), cps=(1, 2)))
-        budget = node.cpu_ram_gib * 2**30 * host_ram_usable_fraction()
+        budget = node.cpu_ram_gib * 2**30 * shipped_judgements().host_ram_usable_fraction
         assert all(c.memory.host_bytes * 8 <= budget for c in result.feasible)
         offloading = [c for c in result.feasible if c.layout.offload_activation_layers]
         if node is small:

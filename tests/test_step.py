@@ -5,20 +5,26 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from functools import partial
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.catalog.calibration import CalibrationProfile
+from gpufleet.catalog.judgements import shipped_judgements
 from gpufleet.catalog.registry import load_catalog
 from gpufleet.fabric.topology import Cluster, Fabric
 from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import MemoryAssumptions
 from gpufleet.perf.compute import gemm_time_s
+from gpufleet.perf.compute import layer_compute as _layer_compute
 from gpufleet.perf.step import StepOptions, estimate_step
 from gpufleet.workload.job import Job
+
+#: layer_compute priced with the shipped catalog's judgement constants
+layer_compute = partial(_layer_compute, judged=shipped_judgements())
 
 CATALOG = load_catalog()
 H100 = CATALOG.gpu("h100-sxm")
@@ -50,7 +56,6 @@ def test_first_generation_flash_attention_by_hand() -> None:
     # Llama 3 8B layer, tp 1, one sequence of 8192: causal score FLOPs 4·s·(q width)/2 per token =
     # 2·8192·4096 = 67.1 MFLOP; forward at 989.4 TFLOP/s x 0.33 (FA2 class) x 0.87 (in a step), backward
     # 2.5x. FlashAttention-1 kernels run at 0.325/0.615 of that (FA2 paper: 25-40 % vs 50-73 % of peak).
-    from gpufleet.perf.compute import layer_compute
 
     layout = Layout(micro_batch=1)
     flops = 8192 * 2 * 8192 * 4096
@@ -67,7 +72,6 @@ def test_cudnn_fused_attention_by_hand() -> None:
     # Transformer Engine's cuDNN fused attention on H100 at 0.6 of the bf16 peak (FA3-paper class) instead of
     # FA2's 0.33: the same score FLOPs, 0.33/0.6 of the time; backward stays 2.5x forward; a GPU without a
     # cuDNN figure falls back to its FA2-class fraction.
-    from gpufleet.perf.compute import layer_compute
 
     layout = Layout(micro_batch=1)
     flops = 8192 * 2 * 8192 * 4096
@@ -88,7 +92,6 @@ def test_fp8_casts_every_routed_copy_of_a_moe_layer_input_by_hand() -> None:
     # QKV's input (h = 2048), out-proj's (q width 32 x 128 = 4096), the experts' up-projection input once per
     # routed copy (top-8 x 2048 = 16384) and their down-projection input (8 x 768 = 6144): 28672 elements,
     # 4096 x 28672 x 1.5 x 2 B over 3.35 TB/s x 0.8.
-    from gpufleet.perf.compute import layer_compute
 
     qwen = CATALOG.model("qwen3-30b-a3b")
     layout = Layout(ep=8, dp=8, micro_batch=1)
@@ -110,7 +113,6 @@ def test_eager_elementwise_by_hand() -> None:
     # heads of 128, SwiGLU width 14336), tp 1: two fp32 RMSNorms 2 x 16 x 4096, rotary on q and k 8 x 5120,
     # silu-then-multiply 2 x 14336 = 200,704 more elements per token; one sequence of 8192 at 2 B over
     # 3.35 TB/s x 0.8.
-    from gpufleet.perf.compute import layer_compute
 
     layout = Layout(micro_batch=1)
     fused = layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
@@ -130,7 +132,6 @@ def test_eager_elementwise_by_hand() -> None:
 
 def test_eager_adds_nothing_where_eager_pytorch_runs_one_kernel_anyway() -> None:
     # GPT-3 style: LayerNorm (one ATen kernel), learned positions (no rotary), GELU MLP (one kernel).
-    from gpufleet.perf.compute import layer_compute
 
     gpt = LLAMA8.model_copy(update={"norm": "layernorm", "learned_positions": 2048, "gated_mlp": False,
                                     "linear_bias": True})
@@ -154,7 +155,6 @@ def test_an_eager_step_is_slower_by_its_elementwise_traffic_only() -> None:
         assert eager.parts[name].exposed_s == pytest.approx(fused.parts[name].exposed_s)
     # per layer and micro-batch: forward plus backward is 3x the forward's extra, and op-level recompute re-runs
     # the forward's element-wise ops once more (tests above pin the forward's extra by hand)
-    from gpufleet.perf.compute import layer_compute
 
     extra_fwd_s = (layer_compute(LLAMA8, layout, H100, CAL, seq_len=8192, precision="bf16", moe_layer=False,
                                  fused_elementwise=False).elementwise_fwd_s
@@ -172,7 +172,6 @@ def test_torchtitan_op_level_selective_recompute_by_hand() -> None:
     # order q, k, v, out, up (w1), gate (w3), down (w2), so the backward re-runs k, out and gate, plus every
     # element-wise op; the attention kernel's output is saved. Megatron's selective re-runs only the attention
     # core. Llama 3 8B (GQA: k is 8 x 128 = 1024 wide, ffn 14336), tp 1, one sequence of 8192.
-    from gpufleet.perf.compute import layer_compute
 
     layer = layer_compute(LLAMA8, Layout(micro_batch=1), H100, CAL, seq_len=8192, precision="bf16", moe_layer=False)
     peak = 989.4e12
@@ -264,7 +263,7 @@ def test_sequence_parallel_ranks_route_only_their_own_tokens() -> None:
     ep_split = estimate_step(job, split, cluster(16), CAL, options).parts["comm.ep"].exposed_s
     gather_s = 32768 * 8 * 2048 * 2 / (450e9 * 0.82) + 2 * 2e-6
     m, layers = 64 // 8, qwen.layers
-    assert math.isclose(ep_split - ep_whole, m * layers * 2 * gather_s * options.ep_imbalance, rel_tol=0.01)
+    assert math.isclose(ep_split - ep_whole, m * layers * 2 * gather_s * options.resolved_ep_imbalance, rel_tol=0.01)
 
 
 def test_dropless_moe_layers_wait_for_the_host_by_hand() -> None:
@@ -499,7 +498,6 @@ def test_megatron_hides_the_backward_input_gradient_reduction_by_hand() -> None:
     # 4 units in line.
     from gpufleet.fabric.collectives import collective_cost
     from gpufleet.fabric.placement import group_span
-    from gpufleet.perf.compute import layer_compute
 
     job = Job(LLAMA8, tokens=1e12, seq_len=4096, global_batch=1)
     for tp in (2, 8):
@@ -616,7 +614,7 @@ def test_a_full_recompute_that_stops_early_skips_the_down_projection_by_hand() -
     # Llama 3 8B layer, tp 1, one sequence of 8192 tokens: the down projection is an 8192 x 4096 x 14336 GEMM,
     # 2·8192·4096·14336 = 962 GFLOP. A full recompute that stops early (PyTorch's non-reentrant checkpoint,
     # tests/test_recompute_early_stop.py) re-runs the forward less exactly that GEMM; one that does not, all of it.
-    from gpufleet.perf.compute import layer_compute, recompute_stops_early
+    from gpufleet.perf.compute import recompute_stops_early
 
     compute = layer_compute(LLAMA8, Layout(micro_batch=1), H100, CAL, seq_len=8192, precision="bf16",
                             moe_layer=False)

@@ -128,7 +128,8 @@ def test_free_text_changes_nothing_and_a_run_without_a_stack_gets_the_default() 
     assert _options(reworded) == _options(run)
     assert run_calibration(reworded, catalog, "h100-sxm") == run_calibration(run, catalog, "h100-sxm")
     unnamed = run.model_copy(update={"stack": None, "elementwise": None})
-    assert _options(unnamed) == StepOptions()  # Megatron-LM's defaults, fused element-wise kernels
+    # Megatron-LM's defaults, fused element-wise kernels, priced with the catalog's judgements
+    assert _options(unnamed) == StepOptions(judgements=catalog.judgements())
     prediction = predict_run(unnamed, catalog)
     assert prediction.stack == "megatron-lm" and prediction.stack_defaulted
     assert "stack: megatron-lm (default: the run names none)" in prediction.note
@@ -171,19 +172,19 @@ def test_megatron_bridge_runs_get_their_recipes_settings() -> None:
     runs = {run.id: run for run in load_runs()}
     bridge = _options(runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"], StepOptions(dp_overlap=False))
     assert bridge.memory.grad_dtype == "bf16"
-    assert bridge.tp_comm_overlap and bridge.ep_imbalance == 1.0 and bridge.moe_dropless
+    assert bridge.tp_comm_overlap and bridge.resolved_ep_imbalance == 1.0 and bridge.moe_dropless
     assert bridge.loss_bytes_per_logit == 40.0  # fused cross-entropy; Megatron-LM's default unfused one moves 52
     token_drop = runs["mbridge-2511-qwen3-30b-a3b-fp8cs-16"].model_copy(update={"stack": "megatron-bridge@25.09"})
     assert not _options(token_drop).moe_dropless  # the archive labels 25.09's MoE rows "(tokendrop)"
     assert not bridge.dp_overlap  # the caller's own options are kept
     other = _options(runs["mpt-7b-h100-8gpu-s2048-bf16"])
     # llm-foundry 0.4 on (PyTorch 2.1): only its recompute's early stop differs from the defaults
-    assert other == StepOptions(recompute_early_stop="aten")
+    assert other == StepOptions(recompute_early_stop="aten", judgements=load_catalog().judgements())
     # NeMo 2's 25.x performance scripts: the same gradient and TP settings and TE's cuDNN attention, default routing
     nemo = runs["mpt-7b-h100-8gpu-s2048-bf16"].model_copy(update={"stack": "nemo@25.04"})
     nemo_options = _options(nemo)
     assert nemo_options.memory.grad_dtype == "bf16" and nemo_options.tp_comm_overlap
-    assert nemo_options.ep_imbalance == StepOptions().ep_imbalance
+    assert nemo_options.resolved_ep_imbalance == StepOptions().resolved_ep_imbalance
     assert run_calibration(nemo, load_catalog(), "h100-sxm").attention_kernel == "cudnn"
     # NeMo named without a release: what every release runs by default (the recipes' fp32 gradient reduction,
     # TP communication in line)
@@ -567,8 +568,9 @@ def test_automodel_benchmarks_route_through_a_balanced_gate() -> None:
     # NeMo AutoModel's benchmark configs set backend.fake_balanced_gate: true: no expert-parallel straggler. The
     # runs say so; the stack does not, so a plan with --stack nemo-automodel keeps the judged imbalance.
     run = load_runs(shipped_runs_path("automodel_fitted.yaml"))[0]
-    assert run.stack == "nemo-automodel" and _options(run).ep_imbalance == 1.0
-    assert framework_options(load_catalog().stack("nemo-automodel")).ep_imbalance == StepOptions().ep_imbalance
+    assert run.stack == "nemo-automodel" and _options(run).resolved_ep_imbalance == 1.0
+    assert (framework_options(load_catalog().stack("nemo-automodel")).resolved_ep_imbalance
+            == StepOptions().resolved_ep_imbalance)
 
 
 def test_balanced_routing_is_recorded_on_every_benchmark_moe_run() -> None:
@@ -580,7 +582,7 @@ def test_balanced_routing_is_recorded_on_every_benchmark_moe_run() -> None:
                  and (run.stack or "").startswith(("megatron-bridge", "nemo-automodel"))]
     assert len(benchmark) == 26
     for run in benchmark:
-        assert _options(run).ep_imbalance == 1.0, run.id
+        assert _options(run).resolved_ep_imbalance == 1.0, run.id
 
 
 def test_automodel_experts_are_one_grouped_gemm_and_megatron_bridge_experts_are_per_expert() -> None:

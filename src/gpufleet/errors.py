@@ -4,10 +4,30 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 
 class GpufleetError(Exception):
-    """Base of every error gpufleet raises on purpose; the CLI prints it as one line, exit 2."""
+    """Base of every error gpufleet raises on purpose; the CLI prints it as one line, exit 2.
+
+    Every one survives pickling (a process pool's worker raises it, the parent reads it): it is rebuilt from the
+    arguments it was made with, so a subclass whose `__init__` takes other arguments than its message does not
+    need its own `__reduce__`, and attributes set since (`__dict__`) come back too."""
+
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> GpufleetError:
+        error = super().__new__(cls, *args)
+        error._made_with = (args, kwargs)
+        return error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args, kwargs = self.__dict__.get("_made_with", (self.args, {}))
+        return (_rebuild_error, (type(self), args, kwargs), self.__dict__)
+
+
+def _rebuild_error(cls: type[GpufleetError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GpufleetError:
+    return cls(*args, **kwargs)
 
 
 class InputError(GpufleetError, ValueError):

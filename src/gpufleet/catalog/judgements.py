@@ -8,18 +8,15 @@ Two catalog kinds feed one typed view, `Judgements`:
   calibration fields (the memory allowance), each with the runs it was chosen on and its out-of-sample check.
 
 A user catalog file (`--catalog`, `$GPUFLEET_CATALOG`) overrides one by id, like any other record:
-`Catalog.judgements()` builds the view of that catalog. The model reads the view *in force* (`judgements()`): the
-one a command activated for its catalog (`cli.common.open_catalog`, `make_plan`, `using(...)`), else the shipped
-catalog's. It is a context variable, so an activation stays inside the command (or `with using(...)` block) that
-made it.
+`Catalog.judgements()` builds the view of that catalog. The model never looks the view up: it is a value passed in.
+`StepOptions.judgements` and `MemoryAssumptions.judgements` carry it (None: the catalog that prices the request,
+which `make_plan`, `validate` and `launch --check` pass down, else the shipped catalog's, `shipped_judgements()`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
-from functools import lru_cache
+from collections.abc import Mapping
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -93,6 +90,12 @@ class Judgements(BaseModel):
     def memory_overhead_fixed_bytes(self) -> float:
         return self.memory_overhead_fixed_gib * 2**30
 
+    @cached_property
+    def key(self) -> tuple[float, ...]:
+        """The values, in field order: what a cache of the model's answers keys on (two catalogs that judge
+        alike share entries; `sources` does not change a number)."""
+        return tuple(float(getattr(self, name)) for name in type(self).model_fields if name != "sources")
+
 
 def field_name(record_id: str) -> str:
     return record_id.replace("-", "_")
@@ -138,27 +141,3 @@ def shipped_judgements() -> Judgements:
     from gpufleet.catalog.registry import Catalog
 
     return catalog_judgements(Catalog(()))
-
-
-_IN_FORCE: ContextVar[Judgements | None] = ContextVar("gpufleet_judgements", default=None)
-
-
-def judgements() -> Judgements:
-    """The judgements in force: those activated for the command's catalog, else the shipped ones."""
-    active = _IN_FORCE.get()
-    return active if active is not None else shipped_judgements()
-
-
-def activate(active: Judgements) -> None:
-    """Put `active` in force for the rest of this context (a CLI command: its catalog's)."""
-    _IN_FORCE.set(active)
-
-
-@contextmanager
-def using(active: Judgements) -> Iterator[Judgements]:
-    """Put `active` in force inside the block (the Python API: `with using(catalog.judgements()): ...`)."""
-    token = _IN_FORCE.set(active)
-    try:
-        yield active
-    finally:
-        _IN_FORCE.reset(token)

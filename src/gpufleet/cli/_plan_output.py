@@ -52,7 +52,7 @@ def framework_note(request: PlanRequest) -> str | None:
     if options.overlap_slowdown != default.overlap_slowdown:
         said.append(f"compute {options.overlap_slowdown:.1%} slower under hidden collectives"
                     if options.overlap_slowdown else "hidden collectives cost compute nothing")
-    if options.fp8_amax_sync_sigma != default.fp8_amax_sync_sigma:
+    if options.resolved_fp8_amax_sync_sigma != options.judged.fp8_amax_sync_sigma:
         said.append(fp8_amax_words(options))
     if options.dp_overlap_window != default.dp_overlap_window:
         said.append("data-parallel reduction hidden behind one micro-batch only")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from gpufleet.catalog.judgements import activate
 from gpufleet.catalog.registry import DEFAULT_GPU, Catalog, load_catalog
 from gpufleet.request import MAX_GPUS as MAX_GPUS
 from gpufleet.request import MAX_SWEEP_COUNTS as MAX_SWEEP_COUNTS
@@ -31,7 +30,6 @@ def open_catalog(paths: list[Path] | None) -> Catalog:
     if catalog.user_paths:
         for note in catalog.check():
             sys.stderr.write(f"warning: {note}\n")
-    activate(catalog.judgements())  # the model's judgement constants are this catalog's for the rest of the command
     return catalog
 
 

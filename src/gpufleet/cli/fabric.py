@@ -22,7 +22,8 @@ from gpufleet.fabric.requests import (
 from gpufleet.fabric.requests import block_span as block_span  # the span a simulation prices (tests read it)
 from gpufleet.fabric.simulate import ALGORITHMS
 from gpufleet.fabric.topology import TOPOLOGY_KINDS
-from gpufleet.report.plots import PLOT_SUFFIXES, Series, check_output_path, write_series_plot
+from gpufleet.output_paths import PLOT_SUFFIXES, check_output_path
+from gpufleet.report.plots import Series, write_series_plot
 from gpufleet.units import format_bytes
 
 Topology = Annotated[str, typer.Option("--topology", help=f"One of {', '.join(TOPOLOGY_KINDS)}.")]

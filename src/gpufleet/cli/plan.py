@@ -192,7 +192,7 @@ def _emit_sweep(out: Output, cat: Catalog, base: PlanRequest, command: PlanComma
 
 def _sweep_data(base: PlanRequest, found: Sweep, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The sweep's --json document: the request, the framework, a row per count, and what the deadline picks."""
-    from gpufleet.report.saved import saved_header
+    from gpufleet.planner.request_file import saved_header
 
     data: dict[str, Any] = {**saved_header(base), "framework": framework_to_dict(base), "sweep": rows}
     if found.deadline_s is not None:

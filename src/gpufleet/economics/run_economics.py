@@ -21,11 +21,12 @@ from gpufleet.catalog.economics_records import FailureStats
 from gpufleet.catalog.records import NetworkSpec, NodeSpec
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.cloud import OfferCost, SkippedOffer, cost_of_job, offers_for_gpu, split_by_size
-from gpufleet.economics.defaults import facility_defaults, reliability_defaults
+from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.facility import estimate_facility, nodes_for
 from gpufleet.economics.tco import onprem_tco
 from gpufleet.errors import GpufleetError, InputError
 from gpufleet.reliability.checkpoint_interval import write_bandwidth_bytes_per_s
+from gpufleet.reliability.defaults import reliability_defaults
 from gpufleet.reliability.estimate import estimate_reliability
 from gpufleet.reliability.failures import FailureModel
 

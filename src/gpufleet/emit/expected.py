@@ -32,7 +32,7 @@ def expected_step(catalog: Catalog, model_id: str, gpu_id: str, gpus: int, degre
                     sequence_parallel=degrees.get("tp", 1) > 1)
     validate_layout(layout, job.model, gpus, job.global_batch, job.seq_len)
     stack = catalog.stack(stack_id) if stack_id is not None else None
-    options = framework_options(stack)
+    options = framework_options(stack).with_judgements(catalog.judgements())
     _, memory = peak_stage_memory(job.model, layout, seq_len=job.seq_len, global_batch=job.global_batch,
                                   precision=job.precision, assumptions=options.memory)
     if memory.total_bytes > cluster.gpu.hbm_bytes:

@@ -75,7 +75,8 @@ def cluster_of(catalog: Catalog, gpus: int, topology: str, network: str, node: s
     node_spec = resolve_node(catalog, node, gpu)
     fabric = Fabric(catalog.network(network), cast(TopologyKind, _choice(topology, TOPOLOGY_KINDS, "--topology")),
                     parse_ratio(oversubscription, "--oversubscription"))
-    cluster = Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric)
+    cluster = Cluster(catalog.gpu(node_spec.gpu), node_spec, gpus, fabric,
+                      scale_up_step_latency_s=catalog.judgements().scale_up_step_latency_s)
     check_size(cluster)
     return cluster
 

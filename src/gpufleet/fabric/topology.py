@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Literal
 
 from gpufleet.catalog.calibration import MeasuredCollective
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import shipped_judgements
 from gpufleet.catalog.records import GPUSpec, NetworkSpec, NodeSpec, ScaleUp
 from gpufleet.errors import InputError
 
@@ -101,9 +101,10 @@ class Cluster:
     fabric: Fabric
     #: measured collectives of this cluster (a calibration profile's `collectives`); collective_cost applies them
     collective_calibration: tuple[MeasuredCollective, ...] = ()
-    #: per-step latency of a scale-up transfer (the catalog judgement scale-up-step-latency-s in force when the
-    #: cluster is made); a field, so that every cache keyed on the cluster sees it
-    scale_up_step_latency_s: float = field(default_factory=lambda: judgements().scale_up_step_latency_s)
+    #: per-step latency of a scale-up transfer (the catalog judgement scale-up-step-latency-s: whoever builds the
+    #: cluster from a catalog passes the catalog's, else the shipped one); a field, so that every cache keyed on the
+    #: cluster sees it
+    scale_up_step_latency_s: float = field(default_factory=lambda: shipped_judgements().scale_up_step_latency_s)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

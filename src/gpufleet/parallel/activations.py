@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.parallel.layout import Layout, Recompute, SelectivePolicy, expert_routed_tokens
 
@@ -274,12 +273,10 @@ def output_activation_bytes(
     *,
     seq_len: int,
     micro_batch: int,
-    logits_bytes_per_element: float | None = None,
+    logits_bytes_per_element: float,
 ) -> float:
     """Last stage, one micro-batch: final-norm input, output-layer input, logits (vocab-parallel, /t); bytes held
-    per logit element: the catalog judgement logits-bytes-per-element unless given."""
-    if logits_bytes_per_element is None:
-        logits_bytes_per_element = judgements().logits_bytes_per_element
+    per logit element (the catalog judgement logits-bytes-per-element, or a stack's)."""
     tokens = seq_len * micro_batch / layout.cp
     sp = layout.sequence_parallel and layout.tp > 1
     hidden = 2 * ACT_BYTES * model.hidden * tokens / (layout.tp if sp else 1)

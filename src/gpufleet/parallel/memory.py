@@ -28,12 +28,12 @@ Conventions (docs/memory.md has the full list with sources):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from operator import attrgetter
 from typing import Literal
 
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import Judgements, shipped_judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.errors import InputError
 from gpufleet.parallel.activations import (
@@ -70,13 +70,17 @@ class MemoryAssumptions:
     The numeric defaults are catalog data (catalog/judgements.py: `data/judgements.yaml`, and the overhead
     allowance, a recorded fit on torchtitan's published peak memory, in `data/fits.yaml` `constant_fits:`): a
     fixed part for the CUDA context, cuBLAS/cuDNN workspaces and NCCL's internal buffers, and a fraction of
-    everything else for caching-allocator fragmentation. They are read when an instance is made, from the
-    judgements in force (a `--catalog` file may override them).
+    everything else for caching-allocator fragmentation. A numeric field left None takes its value from
+    `judgements` (None: the shipped catalog's; `StepOptions` passes its own down, and a `--catalog` file may
+    override them); its `resolved_*` property is the number the memory model uses.
     """
+
+    #: the judgement constants the None fields below take (catalog/judgements.py); None: the shipped catalog's
+    judgements: Judgements | None = field(default=None, repr=False)
 
     grad_dtype: GradDtype = "fp32"
     #: fp32 master + Adam m + v (catalog judgement optimizer-bytes-per-param)
-    optimizer_bytes_per_param: float = field(default_factory=lambda: judgements().optimizer_bytes_per_param)
+    optimizer_bytes_per_param: float | None = None
     #: PyTorch FSDP2 (torchtitan, NeMo AutoModel): the sharded fp32 parameter *is* the master copy and the bf16
     #: weights exist only while a layer is gathered, so a parameter costs 4 + grads + 8 (Adam m, v) at rest
     fp32_params: bool = False
@@ -89,13 +93,50 @@ class MemoryAssumptions:
     flash_attention: bool = True
     dropout: bool = False
     #: 6 fused (Megatron); ~12 unfused fp32 upcast (catalog judgement logits-bytes-per-element)
-    logits_bytes_per_element: float = field(default_factory=lambda: judgements().logits_bytes_per_element)
+    logits_bytes_per_element: float | None = None
     #: Megatron DDP's bucket size (elements) for grad reduce-scatter/all-reduce; the step model prices one
     #: collective per bucket of the same size (catalog judgement dp-bucket-elements)
-    dp_bucket_elements: float = field(default_factory=lambda: judgements().dp_bucket_elements)
+    dp_bucket_elements: float | None = None
     #: the overhead allowance (catalog constant fits memory-overhead-fixed-gib and memory-overhead-fraction)
-    overhead_fixed_bytes: float = field(default_factory=lambda: judgements().memory_overhead_fixed_bytes)
-    overhead_fraction: float = field(default_factory=lambda: judgements().memory_overhead_fraction)
+    overhead_fixed_bytes: float | None = None
+    overhead_fraction: float | None = None
+
+    @property
+    def judged(self) -> Judgements:
+        return self.judgements if self.judgements is not None else shipped_judgements()
+
+    def stated(self) -> MemoryAssumptions:
+        """These assumptions with every judged value written out and no judgements attached."""
+        return replace(self, judgements=None, optimizer_bytes_per_param=self.resolved_optimizer_bytes_per_param,
+                       logits_bytes_per_element=self.resolved_logits_bytes_per_element,
+                       dp_bucket_elements=self.resolved_dp_bucket_elements,
+                       overhead_fixed_bytes=self.resolved_overhead_fixed_bytes,
+                       overhead_fraction=self.resolved_overhead_fraction)
+
+    @property
+    def resolved_optimizer_bytes_per_param(self) -> float:
+        given = self.optimizer_bytes_per_param
+        return given if given is not None else self.judged.optimizer_bytes_per_param
+
+    @property
+    def resolved_logits_bytes_per_element(self) -> float:
+        given = self.logits_bytes_per_element
+        return given if given is not None else self.judged.logits_bytes_per_element
+
+    @property
+    def resolved_dp_bucket_elements(self) -> float:
+        given = self.dp_bucket_elements
+        return given if given is not None else self.judged.dp_bucket_elements
+
+    @property
+    def resolved_overhead_fixed_bytes(self) -> float:
+        given = self.overhead_fixed_bytes
+        return given if given is not None else self.judged.memory_overhead_fixed_bytes
+
+    @property
+    def resolved_overhead_fraction(self) -> float:
+        given = self.overhead_fraction
+        return given if given is not None else self.judged.memory_overhead_fraction
 
     @property
     def grad_bytes(self) -> float:
@@ -276,7 +317,7 @@ class JobMemory:
         self.seq_len = seq_len
         self.global_batch = global_batch
         self.precision = precision
-        self.assumptions = assumptions or MemoryAssumptions()  # the judgements in force
+        self.assumptions = assumptions or MemoryAssumptions()  # judged numbers: its `judgements`
         self._c = _constants(model)
         self._params: dict[tuple[object, ...], dict[int, _StageParameters]] = {}
         self._activations: dict[tuple[object, ...], tuple[dict[int, tuple[float, float]], float]] = {}
@@ -328,7 +369,7 @@ class JobMemory:
             if activations is None:
                 activations = by_recompute[layout.recompute] = [self._stage_activation_bytes(shared, layout, stage)
                                                                 for stage in stages]
-        fixed, fraction = self.assumptions.overhead_fixed_bytes, self.assumptions.overhead_fraction
+        fixed, fraction = self.assumptions.resolved_overhead_fixed_bytes, self.assumptions.resolved_overhead_fraction
         best_index, best_total = -1, 0.0
         pairs = enumerate(zip(params, activations, strict=True))
         for index, ((_, _, _, held, buffers, _), (activation_bytes, _)) in pairs:
@@ -398,7 +439,7 @@ class JobMemory:
         if params.gathered is not None:
             buffers += params.gathered
         subtotal = params.weights + params.gradients + params.optimizer + activations + buffers
-        overhead = a.overhead_fixed_bytes + a.overhead_fraction * subtotal
+        overhead = a.resolved_overhead_fixed_bytes + a.resolved_overhead_fraction * subtotal
         return (params.weights, params.gradients, params.optimizer, activations, buffers, overhead,
                 params.host + host_activations)
 
@@ -459,7 +500,8 @@ class JobMemory:
             weights += 2.0 * (layer_dense_params / wd + expert_params / we)  # fp8 weight + transpose caches
         gradients = a.grad_bytes * (dense_params / gd + expert_params / ge)
         optimizer = host = 0.0
-        optimizer_bytes = a.optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)  # the master is the param
+        # FSDP2's fp32 parameter is the master copy
+        optimizer_bytes = a.resolved_optimizer_bytes_per_param - (4.0 if a.fp32_params else 0.0)
         if layout.offload_optimizer:
             host += optimizer_bytes * (dense_params / od + expert_params / oe)
         else:
@@ -472,7 +514,7 @@ class JobMemory:
             # sharding never costs more than not sharding. ZeRO-1/none reduce in place in Megatron's contiguous
             # fp32 grad buffer (already counted under gradients).
             remote_grads = dense_params * (1 - 1 / gd) + expert_params * (1 - 1 / ge)
-            bucket = a.grad_bytes * min(a.dp_bucket_elements, remote_grads)
+            bucket = a.grad_bytes * min(a.resolved_dp_bucket_elements, remote_grads)
         if wd > 1 or we > 1:
             # ZeRO-3/FSDP: the current and the prefetched layer all-gathered (capped like the bucket: a stage of
             # one or two layers simply stays unsharded in effect)
@@ -540,7 +582,7 @@ class JobMemory:
         if last:
             activations += output_activation_bytes(
                 model, layout, seq_len=self.seq_len, micro_batch=mb,
-                logits_bytes_per_element=a.logits_bytes_per_element,
+                logits_bytes_per_element=a.resolved_logits_bytes_per_element,
             )
         return activations, host
 

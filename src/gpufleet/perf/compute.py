@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import Judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, MoESpec, Precision
 from gpufleet.catalog.stacks import RecomputeEarlyStop
 from gpufleet.parallel.layout import Layout, SelectivePolicy, expert_parallel_degrees, expert_routed_tokens
@@ -170,6 +170,7 @@ class _LayerShape:
     tokens: float  # per micro-batch on this GPU (after cp)
     gemm_peak: float  # FLOP/s of the job's GEMM precision
     attn_peak: float  # FLOP/s of the 16-bit kernels (attention, router): fp8 recipes keep them in bf16
+    judged: Judgements  # the catalog's judgement constants (shares, passes, the router's GEMM fraction)
 
     def gemm(self, m: float, n: float, k: float, count: float = 1.0) -> float:
         """Seconds of `count` GEMMs of shape M×N×K in the job's precision."""
@@ -202,13 +203,13 @@ class _AttentionCore:
 
 
 def layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile,
-                  *, seq_len: int, precision: Precision, moe_layer: bool,
+                  *, seq_len: int, precision: Precision, moe_layer: bool, judged: Judgements,
                   fused_elementwise: bool = True) -> LayerCompute:
     """Forward compute of one layer for one micro-batch on one GPU of `layout`; `fused_elementwise=False`
-    prices eager PyTorch's unfused norms, rotary and gated activation."""
+    prices eager PyTorch's unfused norms, rotary and gated activation; `judged`: the catalog's judgements."""
     shape = _LayerShape(model, layout, calibration, precision, seq_len, tokens=layout.micro_batch * seq_len / layout.cp,
                         gemm_peak=gpu.peak_flops(precision),
-                        attn_peak=gpu.peak_flops("bf16" if precision in ("fp8", "fp4") else precision))
+                        attn_peak=gpu.peak_flops("bf16" if precision in ("fp8", "fp4") else precision), judged=judged)
     projections = _attention_projections(shape)
     moe = model.moe if moe_layer else None
     gemms = _moe_mlp(shape, moe, projections) if moe is not None else _dense_mlp(shape, projections)
@@ -246,7 +247,7 @@ def _attention_projections(shape: _LayerShape) -> _Gemms:
     gemm_s = shape.gemm(tokens, attention_params(model) / (h * tp), h)
     gemm_flops = 2 * tokens * attention_params(model) / tp
     # MLA: the down/up projections before attention and its alternate matmuls, a judged share (catalog)
-    share = judgements().mla_alternate_matmul_share
+    share = shape.judged.mla_alternate_matmul_share
     return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=gemm_s * share, alternate_flops=gemm_flops * share,
                   qkv_s=gemm_s * share)
 
@@ -273,11 +274,11 @@ def _moe_mlp(shape: _LayerShape, moe: MoESpec, before: _Gemms) -> _Gemms:
         gemm_flops += 2 * tokens * (up_matrices + 1) * h * fs / tp
     router_flops = 2 * tokens * h * moe.experts
     gemm_s += router_flops / (shape.attn_peak * shape.calibration.gemm_fraction_16bit
-                              * judgements().router_gemm_fraction)
+                              * shape.judged.router_gemm_fraction)
     gemm_flops += router_flops
     # The experts' and router's matmuls alternate too; which land on the even counts depends on the
     # implementation: a judged share of their time (catalog).
-    share = judgements().moe_alternate_matmul_share
+    share = shape.judged.moe_alternate_matmul_share
     return _Gemms(s=gemm_s, flops=gemm_flops, alternate_s=before.alternate_s + (gemm_s - before.s) * share,
                   alternate_flops=before.alternate_flops + (gemm_flops - before.flops) * share, qkv_s=before.qkv_s,
                   up_s=up_s, ffn_width=moe.top_k * f + moe.shared_experts * f)
@@ -322,7 +323,7 @@ def _elementwise_elements(shape: _LayerShape, ffn_width: float, moe: bool, fused
     model, layout, tokens, tp, h = shape.model, shape.layout, shape.tokens, shape.layout.tp, shape.model.hidden
     hidden_share = h / tp if layout.sequence_parallel else h
     ffn_passes = ELEMENTWISE_FFN_PASSES_GATED if model.gated_mlp else ELEMENTWISE_FFN_PASSES_PLAIN
-    elements = tokens * (judgements().elementwise_hidden_passes * hidden_share + ffn_passes * ffn_width / tp)
+    elements = tokens * (shape.judged.elementwise_hidden_passes * hidden_share + ffn_passes * ffn_width / tp)
     if moe and model.moe is not None:
         elements += expert_routed_tokens(layout, tokens) * (MOE_PERMUTE_PASSES_PER_COPY * model.moe.top_k + 1) * h
     if not fused_elementwise:

@@ -125,13 +125,13 @@ def expert_parallel_comm(ctx: StepContext, layers: Layers) -> ExpertParallelComm
             copies = token_destinations(model.moe, destinations, options.ep_routing)
         dispatch_bytes = local_expert_tokens(layout, ctx.tokens_mb) * copies * model.hidden * ACTIVATION_BYTES
         a2a = collective("all-to-all", dispatch_bytes, "ep", layout, cluster, options)
-        exposed += passes * a2a.time_s * options.ep_imbalance
+        exposed += passes * a2a.time_s * options.resolved_ep_imbalance
         links.append(a2a.link + (f", once per destination ({copies:.1f} of {model.moe.top_k} copies)"
                                  if copies != model.moe.top_k else ""))
     if etp > 1:  # the AG + RS pair over the gathered buffer moves what one all-reduce of it moves
         gathered_bytes = expert_routed_tokens(layout, ctx.tokens_mb) * model.moe.top_k * model.hidden * ACTIVATION_BYTES
         gather = collective("all-reduce", gathered_bytes, "etp", layout, cluster, options)
-        exposed += passes / 2 * gather.time_s * options.ep_imbalance
+        exposed += passes / 2 * gather.time_s * options.resolved_ep_imbalance
         links.append(f"etp{etp} gather: {gather.link}")
     hidden = 0.0
     if exposed and options.ep_comm_overlap and layers.moe is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import Judgements
 from gpufleet.catalog.records import ModelSpec
 from gpufleet.catalog.stacks import CudaGraphModule, MoeExpertKernels
 from gpufleet.parallel.layout import Layout
@@ -20,27 +20,26 @@ class MoeHost:
     exposed_s: float = 0.0
 
 
-def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recomputed: float,
+def moe_host_s(model: ModelSpec, layout: Layout, host_s_per_kernel: float, recomputed: float, judged: Judgements,
                expert_kernels: MoeExpertKernels = "per-expert",
                graphed: tuple[CudaGraphModule, ...] = ()) -> float:
     """Host seconds to launch one MoE layer's kernels for one micro-batch: forward, backward and, for the
     `recomputed` share of layers, the forward again. A grouped GEMM launches one expert's kernels for all of the
     rank's local experts; "per-expert" launches them once per local expert. The kernels of the `graphed` parts
-    (the router, the dispatcher's preprocessing) cost one graph launch."""
+    (the router, the dispatcher's preprocessing) cost one graph launch. The kernel counts per MoE layer are
+    `judged`'s, counted from Megatron-Core's and TE's code paths."""
     if model.moe is None:
         return 0.0
-    judged = judgements()  # kernels per MoE layer, counted from Megatron-Core's and TE's code paths
     local_experts = model.moe.experts / layout.ep if expert_kernels == "per-expert" else 1.0
-    forward = (judged.moe_fixed_kernels_fwd - graph_captured_kernels(graphed)
+    forward = (judged.moe_fixed_kernels_fwd - graph_captured_kernels(graphed, judged)
                + judged.moe_kernels_per_local_expert_fwd * local_experts)
     passes = 1.0 + judged.moe_backward_kernel_ratio + recomputed
     return forward * passes * host_s_per_kernel
 
 
-def graph_captured_kernels(graphed: tuple[CudaGraphModule, ...]) -> int:
+def graph_captured_kernels(graphed: tuple[CudaGraphModule, ...], judged: Judgements) -> int:
     """Forward kernel launches a MoE layer saves with `graphed` parts: the router's kernels ("moe_router") and the
     dispatcher's preprocessing ("moe_preprocess", captured with the router) become one graph launch."""
-    judged = judgements()
     captured = judged.moe_router_kernels_fwd if "moe_router" in graphed else 0
     if "moe_router" in graphed and "moe_preprocess" in graphed:
         captured += judged.moe_preprocess_kernels_fwd
@@ -52,6 +51,6 @@ def moe_host_launch(ctx: StepContext, device_moe_s: float) -> MoeHost:
     host cannot run ahead: it launches the layer's kernels while the GPU waits (serial). Token-drop routing has
     fixed shapes and the host runs ahead; it only shows when it is slower than the GPU (`device_moe_s`)."""
     launch = moe_host_s(ctx.model, ctx.layout, ctx.calibration.host_s_per_kernel, ctx.recomputed,
-                        ctx.options.moe_expert_kernels, ctx.options.moe_cuda_graph_modules)
+                        ctx.options.judged, ctx.options.moe_expert_kernels, ctx.options.moe_cuda_graph_modules)
     exposed = launch if ctx.options.moe_dropless else max(0.0, launch - device_moe_s)
     return MoeHost(launch, exposed)

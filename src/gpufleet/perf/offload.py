@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from gpufleet.catalog.judgements import judgements
 from gpufleet.errors import InputError
 from gpufleet.parallel.activations import activation_bytes_per_layer
 from gpufleet.perf.layer_comm import LayerComm
@@ -21,7 +20,7 @@ def activation_offload(ctx: StepContext, layers: Layers) -> LayerComm:
     if link_gbytes is None:
         raise InputError(f"{cluster.gpu.id} has no host link (host_link_gbytes_per_s) in the catalog; activation "
                          "offloading needs it")
-    fraction = judgements().host_link_fraction  # pinned-memory copies' share of line rate (catalog judgement)
+    fraction = options.judged.host_link_fraction  # pinned-memory copies' share of line rate (catalog judgement)
     bandwidth = link_gbytes * 1e9 * fraction
     model = job.model
     moe_from = ctx.moe_from

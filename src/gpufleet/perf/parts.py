@@ -69,7 +69,8 @@ def _tp_part(ctx: StepContext, tp: TensorParallelComm) -> Part:
 
 def _moe_host_part(ctx: StepContext, host: MoeHost, moe_per_stage: float) -> Part:
     kernels = round(host.launch_s / ctx.calibration.host_s_per_kernel)
-    graphed = " (router in a CUDA graph)" if graph_captured_kernels(ctx.options.moe_cuda_graph_modules) else ""
+    captured = graph_captured_kernels(ctx.options.moe_cuda_graph_modules, ctx.options.judged)
+    graphed = " (router in a CUDA graph)" if captured else ""
     bound = (f"host launches {kernels} kernels/layer{graphed}"
              + (", dropless sync" if ctx.options.moe_dropless else ", runs ahead (token-drop)"))
     m = ctx.micro_batches
@@ -114,7 +115,7 @@ def step_parts(ctx: StepContext, compute: ComputeParts, logits_s: float, comm: d
         "compute.logits+loss": Part(m * logits_s / ctx.layout.pp),
         **comm,
         "optimizer": Part(optimizer_s),
-        "overhead": Part(ctx.options.step_overhead_s),
+        "overhead": Part(ctx.options.resolved_step_overhead_s),
     }
     imbalance = m * (schedule.slowest_s - schedule.mean_stage_s)
     if imbalance > 1e-9:

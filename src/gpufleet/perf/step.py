@@ -8,11 +8,11 @@ backward could not hide + the optimizer update + a fixed per-step overhead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import Judgements, shipped_judgements
 from gpufleet.catalog.stacks import (
     CudaGraphModule,
     EpRouting,
@@ -59,8 +59,15 @@ OPTIMIZER_BYTES_PER_PARAM = 30
 
 @dataclass(frozen=True)
 class StepOptions:
-    """Framework behaviours the step model needs; defaults follow Megatron-Core's recommended settings."""
+    """Framework behaviours the step model needs; defaults follow Megatron-Core's recommended settings.
 
+    The model's judgement constants are a value here, never looked up: `judgements` (None: the catalog that prices
+    the request passes its own down, `with_judgements`; priced directly, the shipped catalog's). A field that
+    defaults to a judgement is None until set, and its `resolved_*` property reads the value that prices a step.
+    """
+
+    #: the judgement constants and constant fits that price this step (catalog/judgements.py); None: see above
+    judgements: Judgements | None = field(default=None, repr=False)
     placement: Placement = "block"
     tp_comm_overlap: bool = False  # userbuffers TP overlap (off by default in Megatron-LM)
     #: Megatron overlaps a column-parallel GEMM's backward input-gradient all-reduce with its weight-gradient GEMM
@@ -77,12 +84,12 @@ class StepOptions:
     #: buckets after its last micro-batch; Calculon's window; perf/dp_scaling.py interleaved_exposed_s;
     #: docs/dp-scaling.md). With vpp = 1 the two are the same
     dp_overlap_window: Literal["micro-batch", "chunks"] = "chunks"
-    #: slowest expert rank / mean under top-k routing (a judgement: catalog data/judgements.yaml)
-    ep_imbalance: float = field(default_factory=lambda: judgements().ep_imbalance)
-    #: data loading, logging, launch gaps per step (a judgement: catalog data/judgements.yaml)
-    step_overhead_s: float = field(default_factory=lambda: judgements().step_overhead_s)
+    #: slowest expert rank / mean under top-k routing (None: the judgement, catalog data/judgements.yaml)
+    ep_imbalance: float | None = None
+    #: data loading, logging, launch gaps per step (None: the judgement, catalog data/judgements.yaml)
+    step_overhead_s: float | None = None
     fabric_model: Literal["analytical", "sim"] = "analytical"  # sim: flow-level simulator (slower)
-    #: what the framework keeps in memory (gradient dtype, ...; its numbers from the judgements in force)
+    #: what the framework keeps in memory (gradient dtype, ...; its judged numbers from `judgements`)
     memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     moe_dropless: bool = True  # Megatron-Core's default routing; False = capacity-bounded (token-drop)
     #: norms, rotary and the gated activation run as fused kernels (Transformer Engine, Apex, torch.compile);
@@ -116,7 +123,7 @@ class StepOptions:
     #: for the slowest of dp replicas at every chunk forward (perf/dp_scaling.py: amax_sync_fraction; the default is
     #: the recorded constant fit, judgements' fp8_amax_sync_sigma: docs/dp-scaling.md); 0: off; FP8 jobs under
     #: delayed scaling over tp x dp x cp only (fp8_recipe, fp8_amax_group below)
-    fp8_amax_sync_sigma: float = field(default_factory=lambda: judgements().fp8_amax_sync_sigma)
+    fp8_amax_sync_sigma: float | None = None
     #: the FP8 recipe (catalog/stacks.py Fp8Recipe) and the ranks a delayed-scaling amax history is reduced over: the
     #: amax wait above applies only to "delayed" over "tp-dp-cp". Defaults: Megatron-Core's (TransformerConfig
     #: fp8_recipe="delayed", tp_only_amax_red=False, core_v0.16.1)
@@ -138,6 +145,39 @@ class StepOptions:
     #: (`--no-overlap-p2p-communication` turns it off; validate_args turns it off without interleaving), and what
     #: NeMo 2's and Megatron-Bridge's comm-overlap configs set whenever vpp > 1. False: every send in line
     pp_p2p_overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.judgements is not None and self.memory.judgements is not self.judgements:
+            object.__setattr__(self, "memory", replace(self.memory, judgements=self.judgements))
+
+    @property
+    def judged(self) -> Judgements:
+        """The judgements that price this step: `judgements`, else the shipped catalog's."""
+        return self.judgements if self.judgements is not None else shipped_judgements()
+
+    def with_judgements(self, judged: Judgements) -> StepOptions:
+        """These options priced with `judged` (a catalog's) where they name none of their own."""
+        return self if self.judgements is not None else replace(self, judgements=judged)
+
+    def stated(self) -> StepOptions:
+        """These options with every judged value written out and no judgements attached (what a plan file records:
+        the numbers that priced it)."""
+        return replace(self, judgements=None, memory=self.memory.stated(), ep_imbalance=self.resolved_ep_imbalance,
+                       step_overhead_s=self.resolved_step_overhead_s,
+                       fp8_amax_sync_sigma=self.resolved_fp8_amax_sync_sigma)
+
+    @property
+    def resolved_ep_imbalance(self) -> float:
+        return self.ep_imbalance if self.ep_imbalance is not None else self.judged.ep_imbalance
+
+    @property
+    def resolved_step_overhead_s(self) -> float:
+        return self.step_overhead_s if self.step_overhead_s is not None else self.judged.step_overhead_s
+
+    @property
+    def resolved_fp8_amax_sync_sigma(self) -> float:
+        sigma = self.fp8_amax_sync_sigma
+        return sigma if sigma is not None else self.judged.fp8_amax_sync_sigma
 
 
 @dataclass(frozen=True)
@@ -217,14 +257,14 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
 
     FSDP/ZeRO-3 gather and reduce one transformer block at a time, every micro-batch (reshard after
     forward, no gradient-accumulation no_sync); DDP and the distributed optimizer reduce once per step
-    in buckets of `options.memory.dp_bucket_elements` (the memory model's bucket), overlapping the last
+    in buckets of `options.memory.resolved_dp_bucket_elements` (the memory model's bucket), overlapping the last
     micro-batch's backward (the parameter
     all-gather overlaps the next step's first forward). Each collective pays its own latency.
     """
     if layout.dp * layout.cp <= 1:
         return _DataParallelComm(0.0, 0.0, "")
     sharded = layout.sharding in ("zero3", "fsdp", "hsdp")
-    bucket = options.memory.dp_bucket_elements
+    bucket = options.memory.resolved_dp_bucket_elements
     units = stage_layers if sharded else math.ceil(params.dense / bucket)
     reduce_op: Op = "all-reduce" if layout.sharding == "none" else "reduce-scatter"
     reduce_s, link = _chunked_s(reduce_op, params.dense * grad_wire_bytes, units, "dp_cp", layout, cluster, options)
@@ -241,7 +281,7 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
             more, _ = _chunked_s("all-gather", params.expert * ACTIVATION_BYTES, expert_units, "edp", layout,
                                  cluster, options)
             gather_s += more
-    ratio = judgements().backward_forward_ratio  # forward : backward compute = 1 : ratio
+    ratio = options.judged.backward_forward_ratio  # forward : backward compute = 1 : ratio
     forward_window = compute_per_micro_batch_s / (1 + ratio)
     backward_window = compute_per_micro_batch_s * ratio / (1 + ratio)
     granules = max(stage_layers, 1)
@@ -268,7 +308,8 @@ def _data_parallel(layout: Layout, cluster: Cluster, options: StepOptions, param
 DataParallelComm = _DataParallelComm
 
 
-def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfile, params: _StageParams) -> float:
+def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfile, params: _StageParams,
+                 cpu_adam_slowdown: float) -> float:
     """Adam over this GPU's shard of the parameters: HBM-bound (CPU-bound when offloaded)."""
     shard = layout.dp * layout.cp if layout.sharding != "none" else 1
     expert_shard = expert_parallel_degrees(layout)[1] if layout.sharding != "none" else 1
@@ -276,7 +317,7 @@ def _optimizer_s(layout: Layout, cluster: Cluster, calibration: CalibrationProfi
     seconds = local_params * calibration.optimizer_seconds_per_param(
         OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_bytes_per_s * calibration.hbm_fraction))
     if layout.offload_optimizer:
-        seconds *= judgements().cpu_adam_slowdown  # CPU Adam over host memory
+        seconds *= cpu_adam_slowdown  # CPU Adam over host memory (a catalog judgement)
     return seconds
 
 
@@ -294,7 +335,7 @@ def _amax_sync_s(ctx: StepContext, pipeline_s: float) -> float:
     the tensor-parallel group)."""
     if ctx.job.precision != "fp8" or not amax_over_replicas(ctx.options):
         return 0.0
-    return amax_sync_s(pipeline_s, ctx.layout.dp, ctx.options.fp8_amax_sync_sigma)
+    return amax_sync_s(pipeline_s, ctx.layout.dp, ctx.options.resolved_fp8_amax_sync_sigma)
 
 
 def amax_over_replicas(options: StepOptions) -> bool:
@@ -401,11 +442,11 @@ def estimate_step(job: Job, layout: Layout, cluster: Cluster, calibration: Calib
                         compute_per_micro_batch_s=schedule.slowest_s - schedule.p2p_per_mb_s
                         - schedule.stage_nic_s[worst],
                         grad_wire_bytes=ctx.options.memory.reduced_grad_bytes(job.precision))
-    optimizer_s = _optimizer_s(layout, cluster, calibration, params)
+    optimizer_s = _optimizer_s(layout, cluster, calibration, params, ctx.options.judged.cpu_adam_slowdown)
     sync_s, fsdp_copy_s = _stragglers_s(ctx, schedule.pipeline_s), _fsdp2_copies_s(ctx, params)
     amax_s = _amax_sync_s(ctx, schedule.pipeline_s)
-    step_s = (schedule.pipeline_s + dp.exposed_s + optimizer_s + ctx.options.step_overhead_s + sync_s + fsdp_copy_s
-              + amax_s)
+    step_s = (schedule.pipeline_s + dp.exposed_s + optimizer_s + ctx.options.resolved_step_overhead_s + sync_s
+              + fsdp_copy_s + amax_s)
 
     # --- the parts for --explain ----------------------------------------------------------------
     compute = compute_parts(ctx, layers, logits_flops)
@@ -433,9 +474,9 @@ def run_time_s(job: Job, step: StepEstimate) -> float:
 
 def fp8_amax_words(options: StepOptions) -> str:
     """What the FP8 amax wait (`fp8_amax_sync_sigma`) does under the options' recipe, for a header line."""
-    if not options.fp8_amax_sync_sigma:
+    if not options.resolved_fp8_amax_sync_sigma:
         return "no FP8 amax wait (--fp8-amax-sync 0)"
-    sigma = f"sigma {options.fp8_amax_sync_sigma:.2%}"
+    sigma = f"sigma {options.resolved_fp8_amax_sync_sigma:.2%}"
     if amax_over_replicas(options):
         return f"FP8 amax all-reduce over the replicas, {sigma}"
     reduces = ("amax over the tensor-parallel group only" if options.fp8_recipe == "delayed"

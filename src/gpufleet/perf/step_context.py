@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import judgements
+from gpufleet.catalog.judgements import Judgements
 from gpufleet.catalog.records import GPUSpec, ModelSpec, Precision
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import Layout, expert_parallel_degrees, micro_batches_per_step, recomputed_fraction
@@ -83,29 +83,28 @@ class Layers:
 
 
 #: layer_compute's answers, shared by every estimate of a process (a search estimates thousands of layouts that
-#: differ only in pp, dp, vpp, sharding or recompute). layer_compute is a pure function of its arguments and of the
-#: judgements in force, and reads of the layout only tp, cp, the micro-batch, sequence parallelism, ep and the
-#: expert TP degree (expert_parallel_degrees: where it follows from dp, the derived etp is in the key). The key holds
-#: those and the ids of the model, GPU, calibration and judgements; the entry keeps those objects alive (their ids
-#: cannot be reused while it exists) and a hit checks it holds the very same objects.
+#: differ only in pp, dp, vpp, sharding or recompute). layer_compute is a pure function of its arguments, and reads
+#: of the layout only tp, cp, the micro-batch, sequence parallelism, ep and the expert TP degree
+#: (expert_parallel_degrees: where it follows from dp, the derived etp is in the key). The key holds those, the
+#: judgements' values, and the ids of the model, GPU and calibration; the entry keeps those three objects alive
+#: (their ids cannot be reused while it exists) and a hit checks it holds the very same objects.
 _LAYER_CACHE: dict[tuple[object, ...], tuple[tuple[object, ...], LayerCompute]] = {}
 _LAYER_CACHE_MAX = 1 << 16  # emptied when full (a long-lived process stays bounded); a large MoE search needs ~6k
 
 
 def shared_layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibration: CalibrationProfile, *,
-                         seq_len: int, precision: Precision, moe_layer: bool,
+                         seq_len: int, precision: Precision, moe_layer: bool, judged: Judgements,
                          fused_elementwise: bool = True) -> LayerCompute:
     """layer_compute's answer, computed once per process for its arguments (_LAYER_CACHE)."""
-    rules = judgements()
-    key = (id(model), id(gpu), id(calibration), id(rules), seq_len, precision, moe_layer, fused_elementwise,
+    key = (id(model), id(gpu), id(calibration), judged.key, seq_len, precision, moe_layer, fused_elementwise,
            layout.tp, layout.cp, layout.micro_batch, layout.sequence_parallel, layout.ep,
            expert_parallel_degrees(layout)[0])
-    owners = (model, gpu, calibration, rules)
+    owners = (model, gpu, calibration)
     found = _LAYER_CACHE.get(key)
     if found is not None and all(a is b for a, b in zip(found[0], owners, strict=True)):
         return found[1]
     compute = layer_compute(model, layout, gpu, calibration, seq_len=seq_len, precision=precision,
-                            moe_layer=moe_layer, fused_elementwise=fused_elementwise)
+                            moe_layer=moe_layer, judged=judged, fused_elementwise=fused_elementwise)
     if len(_LAYER_CACHE) >= _LAYER_CACHE_MAX:
         _LAYER_CACHE.clear()
     _LAYER_CACHE[key] = (owners, compute)
@@ -114,7 +113,7 @@ def shared_layer_compute(model: ModelSpec, layout: Layout, gpu: GPUSpec, calibra
 
 def _layer(ctx: StepContext, moe_layer: bool) -> LayerCompute:
     return shared_layer_compute(ctx.model, ctx.layout, ctx.cluster.gpu, ctx.calibration, seq_len=ctx.job.seq_len,
-                                precision=ctx.job.precision, moe_layer=moe_layer,
+                                precision=ctx.job.precision, moe_layer=moe_layer, judged=ctx.options.judged,
                                 fused_elementwise=ctx.options.fused_elementwise)
 
 

@@ -112,7 +112,7 @@ def dp_across_sites(site_step: StepEstimate, job: Job, site_layout: Layout, site
     cluster with 1/sites of the batch)."""
     grad_bytes = options.memory.reduced_grad_bytes(job.precision)
     replica_bytes, buckets = replica_gradient_bytes(job, site_layout, grad_bytes,
-                                                     options.memory.dp_bucket_elements)
+                                                     options.memory.resolved_dp_bucket_elements)
     ranks = site.gpus
     bucket = wan_collective_cost("all-reduce", replica_bytes / ranks / buckets, sites, ranks, link, site)
     total_s = buckets * bucket.time_s

@@ -84,7 +84,7 @@ class StepFloor:
         job = replace(self.job, global_batch=dp * layout.micro_batch * micro_batches)
         # the step's "overhead" part is StepOptions.step_overhead_s
         return (pipeline_seconds(job, one_stage, self.cluster, self.calibration, self.options) / micro_batches,
-                self.options.step_overhead_s)
+                self.options.resolved_step_overhead_s)
 
 
 class ComputeFloor:
@@ -127,7 +127,8 @@ class ComputeFloor:
 
         def layer(moe: bool) -> LayerCompute:
             return shared_layer_compute(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
-                                        precision=job.precision, moe_layer=moe, fused_elementwise=fused)
+                                        precision=job.precision, moe_layer=moe, judged=self.options.judged,
+                                        fused_elementwise=fused)
 
         logits_s, _ = logits_compute_s(model, layout, self.cluster.gpu, self.calibration, seq_len=job.seq_len,
                                        precision=job.precision, loss_bytes_per_logit=self.options.loss_bytes_per_logit)

@@ -6,7 +6,7 @@ and says why it does not fit (HBM or the node's pinned host memory), with the hi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from gpufleet.catalog.records import GPUSpec, ModelSpec, NodeSpec, Precision
@@ -17,7 +17,7 @@ from gpufleet.parallel.layout import Layout, validate_layout
 from gpufleet.parallel.memory import MemoryBreakdown, memory_per_stage
 from gpufleet.parallel.memory_request import MemoryRequest
 from gpufleet.planner.published_runs import framework_options
-from gpufleet.planner.search import host_memory_bytes, host_memory_fits, host_ram_usable_fraction
+from gpufleet.planner.search import host_memory_bytes, host_memory_fits
 
 GIB = 2**30
 
@@ -35,8 +35,8 @@ class MemoryReport:
     stages: list[MemoryBreakdown]
     host_fits: bool
     data: dict[str, Any]
-    #: the share of a node's RAM that may be pinned (the host budget's rule)
-    host_usable_fraction: float = field(default_factory=host_ram_usable_fraction)
+    #: the share of a node's RAM that may be pinned (the host budget's rule: the catalog's judgement)
+    host_usable_fraction: float
 
     def problems(self) -> list[str]:
         """Why it does not fit, the pinned host memory first (empty: it fits)."""
@@ -66,7 +66,7 @@ def _host_per_gpu(stages: list[MemoryBreakdown]) -> float:
 
 
 def _document(stages: list[MemoryBreakdown], hbm_bytes: float, node: NodeSpec, gpus_per_node: int,
-              host_fits: bool) -> dict[str, Any]:
+              host_fits: bool, host_usable_fraction: float) -> dict[str, Any]:
     peak_stage = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
     peak_bytes = stages[peak_stage].total_bytes
     return {
@@ -79,7 +79,7 @@ def _document(stages: list[MemoryBreakdown], hbm_bytes: float, node: NodeSpec, g
         "peak_bytes": peak_bytes,
         "hbm_bytes": hbm_bytes,
         "host_bytes_per_node": _host_per_gpu(stages) * gpus_per_node,
-        "host_budget_bytes_per_node": host_memory_bytes(node),
+        "host_budget_bytes_per_node": host_memory_bytes(node, host_usable_fraction),
         "fits": peak_bytes <= hbm_bytes and host_fits,
     }
 
@@ -94,8 +94,9 @@ def memory_report(request: MemoryRequest, catalog: Catalog) -> MemoryReport:
     record = catalog.stack(request.stack) if request.stack is not None else None
     if record is not None and record.value("activation_offload") is False and request.offload_activations:
         raise InputError(f"--offload-activations: {request.stack} cannot keep activations in CPU memory")
+    judged = catalog.judgements()
     assumptions = framework_options(record, dtensor_tp=request.dtensor_tp,
-                                    selective_policy=request.selective_policy).memory
+                                    selective_policy=request.selective_policy).with_judgements(judged).memory
     stages = memory_per_stage(spec, layout, seq_len=request.seq, global_batch=request.batch,
                               precision=request.precision, assumptions=assumptions)
     node = catalog.node_for_gpu(gpu.id)
@@ -103,7 +104,8 @@ def memory_report(request: MemoryRequest, catalog: Catalog) -> MemoryReport:
         gpus_per_node = min(request.gpus, node_as_used(node, request.gpus).gpus)
     except InputError:
         gpus_per_node = min(request.gpus, node.gpus)
-    host_fits = host_memory_fits(_host_per_gpu(stages), node, gpus_per_node)
+    usable = judged.host_ram_usable_fraction
+    host_fits = host_memory_fits(_host_per_gpu(stages), node, gpus_per_node, usable)
     return MemoryReport(request=request, model=spec, gpu=gpu, node=node, layout=layout, gpus_per_node=gpus_per_node,
-                        stages=stages, host_fits=host_fits,
-                        data=_document(stages, gpu.hbm_bytes, node, gpus_per_node, host_fits))
+                        stages=stages, host_fits=host_fits, host_usable_fraction=usable,
+                        data=_document(stages, gpu.hbm_bytes, node, gpus_per_node, host_fits, usable))

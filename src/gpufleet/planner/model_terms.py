@@ -22,7 +22,7 @@ STRAGGLER_SCOPES: tuple[StragglerScope, ...] = ("job", "replicas")
 DpOverlapWindow = Literal["micro-batch", "chunks"]
 DP_OVERLAP_WINDOWS: tuple[DpOverlapWindow, ...] = ("micro-batch", "chunks")
 #: `--fp8-amax-sync recorded`: the recorded constant fit (catalog/data/fits.yaml fp8-amax-sync-sigma).
-RECORDED = "recorded"
+RECORDED: Literal["recorded"] = "recorded"
 #: The largest per-GPU speed spread accepted (judgement: 13x the sourced 1.5 %, dp_scaling.GPU_SPEED_SIGMA; at 20 %
 #: a normal speed model already puts GPUs at zero speed 5 sigma below the median, so a larger value is a typo such
 #: as 2 for 2 %).
@@ -44,13 +44,16 @@ class ModelTerms:
     straggler_scope: StragglerScope | None = None
     overlap_slowdown: float | None = None  # perf/overlap_contention.py
     fsdp2_copies: bool | None = None  # perf/fsdp_overheads.py
-    fp8_amax_sync_sigma: float | None = None  # perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md)
+    #: perf/dp_scaling.py amax_sync_fraction (docs/dp-scaling.md); "recorded": the catalog's recorded fit
+    fp8_amax_sync_sigma: float | Literal["recorded"] | None = None
     dp_overlap_window: DpOverlapWindow | None = None  # perf/dp_scaling.py interleaved_exposed_s
     fp8_recipe: Fp8Recipe | None = None
     pp_p2p_overlap: bool | None = None  # perf/pipeline.py: an interleaved pipeline's sends under compute
 
     def apply(self, options: StepOptions) -> StepOptions:
         given = {name: value for name, value in asdict(self).items() if value is not None}
+        if given.get("fp8_amax_sync_sigma") == RECORDED:
+            given["fp8_amax_sync_sigma"] = None  # StepOptions' None: the judgement, the recorded fit
         return replace(options, **given)
 
 
@@ -82,18 +85,17 @@ def _overlap_slowdown(overlap_contention: str | None) -> float | None:
     return parse_fraction(word, "--overlap-contention (or 'measured' or 'off')")
 
 
-def parse_dp_scaling_terms(fp8_amax_sync: str | None,
-                           dp_overlap_window: str | None) -> tuple[float | None, DpOverlapWindow | None]:
+def parse_dp_scaling_terms(fp8_amax_sync: str | None, dp_overlap_window: str | None
+                           ) -> tuple[float | Literal["recorded"] | None, DpOverlapWindow | None]:
     """--fp8-amax-sync (a spread, `0` for off, or `recorded`: the recorded fit) and --dp-overlap-window, checked:
     one line naming the flag when one is wrong; None for a flag not given."""
     if dp_overlap_window is not None and dp_overlap_window not in DP_OVERLAP_WINDOWS:
         raise InputError(f"--dp-overlap-window must be micro-batch or chunks, got {dp_overlap_window!r}")
+    sigma: float | Literal["recorded"] | None
     if fp8_amax_sync is None:
         sigma = None
     elif fp8_amax_sync.strip().lower() == RECORDED:
-        from gpufleet.catalog.judgements import judgements
-
-        sigma = judgements().fp8_amax_sync_sigma
+        sigma = RECORDED
     else:
         sigma = parse_fraction(fp8_amax_sync, "--fp8-amax-sync (or 'recorded')", most=MAX_STRAGGLER_SIGMA)
     return sigma, cast(DpOverlapWindow | None, dp_overlap_window)

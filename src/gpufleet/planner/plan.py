@@ -12,10 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpufleet.catalog.calibration import AttentionKernel, CalibrationProfile
-from gpufleet.catalog.judgements import using
 from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
-from gpufleet.economics.defaults import checkpoint_bytes_per_param
 from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
 from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
@@ -26,6 +24,7 @@ from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.published_runs import stack_calibration
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
 from gpufleet.planner.stack import check_stack_precision, stack_layout_defaults, stack_search_space
+from gpufleet.reliability.defaults import checkpoint_bytes_per_param
 from gpufleet.workload.job import Job
 from gpufleet.workload.params import count_params
 
@@ -197,7 +196,8 @@ def build_cluster(request: PlanRequest, catalog: Catalog) -> Cluster:
     fabric = Fabric(network=network, kind=request.topology, oversubscription=request.oversubscription)
     profile = catalog.records("calibrations").get(gpu.id)  # its measured collectives, if any, price this cluster's
     measured = profile.collectives if isinstance(profile, CalibrationProfile) else ()
-    return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric, collective_calibration=measured)
+    return Cluster(gpu=gpu, node=node, gpus=request.gpus, fabric=fabric, collective_calibration=measured,
+                   scale_up_step_latency_s=catalog.judgements().scale_up_step_latency_s)
 
 
 def build_job(request: PlanRequest, catalog: Catalog) -> Job:
@@ -233,13 +233,9 @@ def make_plan(request: PlanRequest, catalog: Catalog,
               progress: Callable[[int], None] | None = None) -> PlanResult:
     """Search, rank and cost. Raises InfeasibleError (with the closest misses) when nothing fits in memory, and
     NoLegalLayoutError when the GPU count cannot be split into any layout at all. The model's judgement constants
-    are `catalog`'s while it runs (the request's StepOptions and MemoryAssumptions took theirs when they were made:
-    the CLI makes them after putting its catalog's in force)."""
-    with using(catalog.judgements()):
-        return _make_plan(request, catalog, progress)
-
-
-def _make_plan(request: PlanRequest, catalog: Catalog, progress: Callable[[int], None] | None) -> PlanResult:
+    are `catalog`'s unless the request's StepOptions name their own (`StepOptions.judgements`): the result's
+    request carries the options as priced."""
+    request = replace(request, options=request.options.with_judgements(catalog.judgements()))
     if request.top < 1:
         raise InputError(f"--top must be at least 1, got {request.top}")
     cluster = build_cluster(request, catalog)

@@ -60,7 +60,7 @@ class PlanCommand(Request):
         return self
 
     def _check_output_paths(self) -> None:
-        from gpufleet.report.plots import check_output_path
+        from gpufleet.output_paths import check_output_path
 
         if self.plot is not None:
             check_output_path(self.plot, "--plot")

@@ -8,8 +8,8 @@ from typing import Any
 
 from gpufleet.parallel.layout import expert_parallel_degrees
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, default_batch_rule, pipeline_warning
+from gpufleet.planner.request_file import saved_header
 from gpufleet.planner.sweep import SweepPoint
-from gpufleet.report.saved import saved_header
 
 
 def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
@@ -96,14 +96,14 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "fused_elementwise": options.fused_elementwise,
             "dp_overlap": options.dp_overlap,
             "grad_dtype": memory.grad_dtype, "fp32_params": memory.fp32_params,
-            "selective_policy": memory.selective_policy, "ep_imbalance": options.ep_imbalance,
+            "selective_policy": memory.selective_policy, "ep_imbalance": options.resolved_ep_imbalance,
             "moe_dropless": options.moe_dropless, "loss_bytes_per_logit": options.loss_bytes_per_logit,
             "straggler_sigma": options.straggler_sigma, "straggler_scope": options.straggler_scope,
             "overlap_slowdown": options.overlap_slowdown, "fsdp2_copies": options.fsdp2_copies,
-            "fp8_amax_sync_sigma": options.fp8_amax_sync_sigma, "dp_overlap_window": options.dp_overlap_window,
+            "fp8_amax_sync_sigma": options.resolved_fp8_amax_sync_sigma, "dp_overlap_window": options.dp_overlap_window,
             "fp8_recipe": options.fp8_recipe, "fp8_amax_group": options.fp8_amax_group,
             "pp_p2p_overlap": options.pp_p2p_overlap,
-            "logits_bytes_per_element": memory.logits_bytes_per_element,
+            "logits_bytes_per_element": memory.resolved_logits_bytes_per_element,
             "activation_offload": request.search_space.activation_offload,
             "sequence_parallel": request.search_space.sequence_parallel,
             "context_parallel": request.search_space.cps != (1,)}

@@ -344,7 +344,8 @@ def run_cluster(run: PublishedRun, catalog: Catalog, node_id: str | None = None)
     profile = catalog.records("calibrations").get(gpu.id)  # its measured collectives price the run, as in `plan`
     measured = profile.collectives if isinstance(profile, CalibrationProfile) else ()
     return Cluster(gpu=gpu, node=node, gpus=hardware.num_gpus, fabric=Fabric(network=network),
-                   collective_calibration=measured)
+                   collective_calibration=measured,
+                   scale_up_step_latency_s=catalog.judgements().scale_up_step_latency_s)
 
 
 def check_unique_ids(runs: list[PublishedRun]) -> None:
@@ -422,7 +423,8 @@ def run_step_options(run: PublishedRun, catalog: Catalog, options: StepOptions |
         "ep_imbalance": moe.ep_imbalance if moe else None,
         "moe_cuda_graph_modules": tuple(moe.cuda_graph_modules) if moe and moe.cuda_graph_modules else None,
         "fp8_recipe": fp8.recipe if fp8 else None, "fp8_amax_group": fp8.amax_group if fp8 else None}
-    return replace(options, **{name: value for name, value in own.items() if value is not None})
+    given = replace(options, **{name: value for name, value in own.items() if value is not None})
+    return given.with_judgements(catalog.judgements())
 
 
 def stack_step_options(stack: StackRecord, options: StepOptions) -> StepOptions:

@@ -14,7 +14,6 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from gpufleet.catalog.calibration import CalibrationProfile
-from gpufleet.catalog.judgements import judgements
 from gpufleet.catalog.records import NodeSpec
 from gpufleet.errors import LayoutError
 from gpufleet.fabric.topology import Cluster
@@ -207,20 +206,17 @@ def enumerate_layouts(job: Job, cluster: Cluster, space: SearchSpace | None = No
                                                            *_DEFAULTS_MIDDLE, expert_tp, *_DEFAULTS_END))
 
 
-def host_ram_usable_fraction() -> float:
-    """Share of a node's RAM that offloaded activations and optimizer state may pin (the catalog's judgement
-    `host-ram-usable-fraction`: the OS, the data loader's workers and the page cache need the rest)."""
-    return judgements().host_ram_usable_fraction
+def host_memory_bytes(node: NodeSpec, usable_fraction: float) -> float:
+    """CPU memory one node can give its GPUs' offloaded tensors: the `usable_fraction` of its RAM that they may
+    pin (the catalog's judgement `host-ram-usable-fraction`: the OS, the data loader's workers and the page cache
+    need the rest)."""
+    return node.cpu_ram_gib * 2**30 * usable_fraction
 
 
-def host_memory_bytes(node: NodeSpec) -> float:
-    """CPU memory one node can give its GPUs' offloaded tensors."""
-    return node.cpu_ram_gib * 2**30 * host_ram_usable_fraction()
-
-
-def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: int) -> bool:
-    """Whether a node's GPUs' pinned host memory (offloaded activations, ZeRO-Offload state) fits in its RAM."""
-    return host_bytes_per_gpu * gpus_per_node <= host_memory_bytes(node)
+def host_memory_fits(host_bytes_per_gpu: float, node: NodeSpec, gpus_per_node: int, usable_fraction: float) -> bool:
+    """Whether a node's GPUs' pinned host memory (offloaded activations, ZeRO-Offload state) fits in the
+    `usable_fraction` of its RAM."""
+    return host_bytes_per_gpu * gpus_per_node <= host_memory_bytes(node, usable_fraction)
 
 
 class _Fit(NamedTuple):
@@ -243,8 +239,9 @@ class _Capacity:
     gpus_per_node: int
 
     @classmethod
-    def of(cls, cluster: Cluster) -> _Capacity:
-        return cls(cluster.gpu.hbm_bytes, host_memory_bytes(cluster.node), cluster.gpus_per_node)
+    def of(cls, cluster: Cluster, host_usable_fraction: float) -> _Capacity:
+        return cls(cluster.gpu.hbm_bytes, host_memory_bytes(cluster.node, host_usable_fraction),
+                   cluster.gpus_per_node)
 
 
 #: Shardings and recompute modes that validate_layout accepts without looking at any other field (hsdp also needs
@@ -313,7 +310,8 @@ def evaluate(job: Job, layout: Layout, cluster: Cluster, calibration: Calibratio
     """A Candidate, or why not (with the bytes over HBM) when the layout is invalid or does not fit."""
     options = options or StepOptions()
     step_options = options
-    return _estimated(_memory_verdict(job, layout, cluster, _job_memory(job, options), _Capacity.of(cluster)),
+    capacity = _Capacity.of(cluster, options.judged.host_ram_usable_fraction)
+    return _estimated(_memory_verdict(job, layout, cluster, _job_memory(job, options), capacity),
                       lambda fitting: estimate_step(job, fitting, cluster, calibration, step_options))
 
 
@@ -326,7 +324,7 @@ class _Estimator:
         self.calibration = calibration
         self.options = options
         self.memory = _job_memory(job, options)
-        self.capacity = _Capacity.of(cluster)
+        self.capacity = _Capacity.of(cluster, options.judged.host_ram_usable_fraction)
         self.floor = StepFloor(job, cluster, calibration, options)
         self.compute_floor = ComputeFloor(job, cluster, calibration, options)
         self.validity: dict[tuple[object, ...], str | None] = {}  # _invalid_constraint's answers by degrees_key

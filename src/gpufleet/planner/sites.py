@@ -96,7 +96,8 @@ def _dp_across(job: Job, cluster: Cluster, calibration: CalibrationProfile, site
         reasons = Counter({f"DP across: the batch of {job.global_batch} does not split over {sites} sites": 1})
         return [], SearchResult([], 0, reasons)
     try:
-        site = Cluster(cluster.gpu, cluster.node, cluster.gpus // sites, cluster.fabric)
+        site = Cluster(cluster.gpu, cluster.node, cluster.gpus // sites, cluster.fabric,
+                       scale_up_step_latency_s=cluster.scale_up_step_latency_s)
     except InputError as error:
         raise InputError(f"one site of {cluster.gpus // sites} GPUs: {error}") from error
     site_job = replace(job, global_batch=job.global_batch // sites)

@@ -156,7 +156,7 @@ def validate_runs(request: ValidateRequest, catalog: Catalog) -> ValidateReport:
                                         "straggler_scope": options.straggler_scope,
                                         "overlap_slowdown": options.overlap_slowdown,
                                         "fsdp2_copies": terms.fsdp2_copies,
-                                        "fp8_amax_sync_sigma": options.fp8_amax_sync_sigma,
+                                        "fp8_amax_sync_sigma": options.resolved_fp8_amax_sync_sigma,
                                         "dp_overlap_window": options.dp_overlap_window,
                                         "pp_p2p_overlap": options.pp_p2p_overlap}}
     if not request.runs:

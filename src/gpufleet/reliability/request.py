@@ -16,9 +16,9 @@ from pydantic import model_validator
 
 from gpufleet.catalog.economics_records import FailureStats, ReliabilityDefaults
 from gpufleet.catalog.registry import Catalog
-from gpufleet.economics.defaults import reliability_defaults
 from gpufleet.errors import InputError, UnknownNameError
 from gpufleet.reliability.checkpoint_interval import checkpoint_bytes, daly_interval_s, write_bandwidth_bytes_per_s
+from gpufleet.reliability.defaults import reliability_defaults
 from gpufleet.reliability.estimate import ReliabilityEstimate, estimate_reliability
 from gpufleet.reliability.failures import FailureModel
 from gpufleet.reliability.goodput import progress_interval_range_s

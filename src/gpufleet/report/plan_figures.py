@@ -20,7 +20,7 @@ from gpufleet.catalog.economics_records import CloudOffer
 from gpufleet.catalog.records import NetworkSpec
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.cloud import billed_gpus, offers_for_gpu
-from gpufleet.economics.defaults import checkpoint_bytes_per_param, facility_defaults
+from gpufleet.economics.defaults import facility_defaults
 from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.economics.tco import HOURS_PER_MONTH, onprem_tco
 from gpufleet.errors import GpufleetError
@@ -35,6 +35,7 @@ from gpufleet.planner.plan import (
     request_node,
 )
 from gpufleet.planner.published_runs import stack_calibration
+from gpufleet.reliability.defaults import checkpoint_bytes_per_param
 from gpufleet.reliability.goodput import goodput
 from gpufleet.workload.params import count_params
 

@@ -8,21 +8,10 @@ from typing import Any
 
 from gpufleet.errors import InputError
 from gpufleet.extras import require_extra
+from gpufleet.output_paths import PLOT_SUFFIXES as PLOT_SUFFIXES
+from gpufleet.output_paths import check_output_path as check_output_path
 
 Series = dict[str, list[tuple[float, float]]]
-
-
-#: File types --plot writes: matplotlib's common formats, or a dependency-free HTML table.
-PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".html")
-
-
-def check_output_path(path: Path, flag: str, suffixes: tuple[str, ...] = PLOT_SUFFIXES) -> None:
-    """Refuse an output file before any work is done: an unsupported type or a folder that does not exist."""
-    if path.suffix.lower() not in suffixes:
-        allowed = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
-        raise InputError(f"{flag} {path}: the file must end in {allowed}")
-    if not path.parent.is_dir():
-        raise InputError(f"{flag} {path}: folder {path.parent} does not exist")
 
 
 def _write_text(path: Path, text: str) -> None:

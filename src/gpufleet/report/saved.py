@@ -11,55 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
-from gpufleet.planfile import header, read_plan_file
-from gpufleet.planner.pins import LayoutPins
+from gpufleet.planfile import read_plan_file
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, make_plan
+from gpufleet.planner.request_file import request_from_dict
 from gpufleet.report.plan_figures import PlanFigures, ScalingPoint, plan_figures
 
 #: Relative difference in a step time above which a re-run is "not the same plan" (float noise is ~1e-15).
 RERUN_TOLERANCE = 1e-6
-
-
-def request_to_dict(request: PlanRequest) -> dict[str, Any]:
-    """Every field of the request, nested dataclasses as objects, tuples as lists (JSON-ready)."""
-    return dataclasses.asdict(request)
-
-
-def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "request") -> Any:
-    """The dataclass `cls` rebuilt from `request_to_dict`'s output; unknown or malformed fields: InputError."""
-    if not isinstance(data, dict):
-        raise InputError(f"{where} must be an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {field.name for field in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise InputError(f"{where} has unknown field(s) {', '.join(unknown)}")
-    values: dict[str, Any] = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if hint is LayoutPins:
-            value = LayoutPins.from_saved(value, f"{where}.{name}")
-        elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
-            value = request_from_dict(value, hint, f"{where}.{name}")
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[name] = value
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as error:
-        raise InputError(f"{where} is malformed: {error}") from error
-
-
-def saved_header(request: PlanRequest) -> dict[str, Any]:
-    """The keys that make a `plan --json` file readable by `gpufleet report`."""
-    return header(request_to_dict(request), __version__)
 
 
 @dataclass(frozen=True)

@@ -182,4 +182,5 @@ def expected_cluster(catalog: Callable[[], Catalog], node: str | None, network: 
     cat = catalog()
     node_spec = cat.node(node)
     net = cat.network(network or node_spec.default_network)
-    return Cluster(cat.gpu(node_spec.gpu), node_spec, ranks, Fabric(net, "fat-tree", oversubscription))
+    return Cluster(cat.gpu(node_spec.gpu), node_spec, ranks, Fabric(net, "fat-tree", oversubscription),
+                   scale_up_step_latency_s=cat.judgements().scale_up_step_latency_s)
