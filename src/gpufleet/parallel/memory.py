@@ -318,6 +318,8 @@ class JobMemory:
         self.global_batch = global_batch
         self.precision = precision
         self.assumptions = assumptions or MemoryAssumptions()  # judged numbers: its `judgements`
+        #: the overhead allowance, read once (every layout's peak adds it)
+        self._overhead = (self.assumptions.resolved_overhead_fixed_bytes, self.assumptions.resolved_overhead_fraction)
         self._c = _constants(model)
         self._params: dict[tuple[object, ...], dict[int, _StageParameters]] = {}
         self._activations: dict[tuple[object, ...], tuple[dict[int, tuple[float, float]], float]] = {}
@@ -369,7 +371,7 @@ class JobMemory:
             if activations is None:
                 activations = by_recompute[layout.recompute] = [self._stage_activation_bytes(shared, layout, stage)
                                                                 for stage in stages]
-        fixed, fraction = self.assumptions.resolved_overhead_fixed_bytes, self.assumptions.resolved_overhead_fraction
+        fixed, fraction = self._overhead
         best_index, best_total = -1, 0.0
         pairs = enumerate(zip(params, activations, strict=True))
         for index, ((_, _, _, held, buffers, _), (activation_bytes, _)) in pairs:

@@ -26,6 +26,7 @@ its own; docs/dp-scaling.md gives the arithmetic and what the run files say.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -46,13 +47,16 @@ _GRID_POINTS = 18001
 
 @lru_cache(maxsize=1)
 def _grid() -> tuple[np.ndarray, np.ndarray]:
-    """The integration grid x and log Phi(x), Phi the standard normal distribution function."""
+    """The integration grid x and log Phi(x), Phi the standard normal distribution function, accurate in both
+    tails: log(erfc(-x/sqrt 2) / 2) below the origin (no cancellation: erfc is computed directly), and
+    log1p(-erfc(x/sqrt 2) / 2) above it (what scipy.special.log_ndtr does, without importing scipy: 0.2 s of a
+    plan's CPU)."""
     import numpy as np
-    from scipy.special import log_ndtr
 
     x = np.linspace(-_GRID_HALF_WIDTH, _GRID_HALF_WIDTH, _GRID_POINTS)
     x[_GRID_POINTS // 2] = 0.0  # both halves end on the exact origin
-    return x, log_ndtr(x)  # vectorised log Phi, accurate in the far lower tail
+    tail = np.array([math.erfc(abs(value) / math.sqrt(2.0)) / 2.0 for value in x.tolist()])  # Phi(-|x|)
+    return x, np.where(x <= 0.0, np.log(tail), np.log1p(-tail))
 
 
 @lru_cache(maxsize=4096)
