@@ -77,11 +77,12 @@ NEEDS_AN_EXTRA = [
     (["calibrate", "--gpu", "h100-sxm", "--out", "profile.yaml", "--model", "llama3-8b"], "runtime", None),
     (["plan", "-m", "llama3-8b", "-t", "1T", "-g", "h100-sxm", "-n", "64-128", "--plot", "sweep.png"], "plot", None),
     (["validate", "--plot", "parity.png"], "plot", None),
-    (["launch", "--check", "ds_config.json", "--gpus", "8"], "launch-check", None),
-    (["launch", "--check", "megatron_args.txt", "--gpus", "8"], "launch-check", None),
-    (["launch", "--check", "titan_job.py", "--gpus", "8"], "launch-check", None),
     (["launch", "--check", "fsdp.json"], "runtime", None),
 ]
+#: launch --check on a framework's file without that framework: the framework-free checks run, and one line names
+#: the framework's extra (tests/test_launch_check_bare.py checks what they find)
+CHECKED_WITHOUT_ITS_EXTRA = [("ds_config.json", "deepspeed"), ("megatron_args.txt", "megatron"),
+                             ("titan_job.py", "torchtitan")]
 
 
 @pytest.mark.slow
@@ -94,6 +95,17 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path, args: list[str], 
     assert line.startswith("error: ") and "from the " + extra + " extra" in line
     assert line.endswith(f"pip install 'gpufleet[{extra}]'") or f"pip install 'gpufleet[{extra}]' (" in line
     assert not (tmp_path / "sweep.png").exists() and not (tmp_path / "profile.yaml").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "extra"), CHECKED_WITHOUT_ITS_EXTRA)
+def test_launch_check_without_a_framework_runs_and_names_its_extra(tmp_path: Path, name: str, extra: str) -> None:
+    _launch_files(tmp_path)
+    ran = _gpufleet_without(_modules_of(extra), "launch", "--check", name, "--gpus", "8", "--json", cwd=tmp_path)
+    assert ran.returncode in (0, 1), ran.stderr
+    (skipped,) = json.loads(ran.stdout)["skipped"]
+    assert skipped["extra"] == extra and skipped["files"] == [name]
+    assert f"pip install 'gpufleet[{extra}]'" in skipped["install"]
 
 
 @pytest.mark.slow
@@ -121,9 +133,44 @@ def test_only_an_extras_own_modules_are_named_as_missing() -> None:
     """A module no extra provides (a bug, a broken install) is not dressed up as a missing extra."""
     assert missing_extra(ModuleNotFoundError("No module named 'nosuch'", name="nosuch")) is None
     found = missing_extra(ModuleNotFoundError("No module named 'megatron.core'", name="megatron.core"), "checking")
-    assert found is not None and (found.extra, found.distribution) == ("launch-check", "megatron-core")
-    assert str(found) == ("checking needs megatron-core, from the launch-check extra, which is not installed: "
-                          "pip install 'gpufleet[launch-check]'")
+    assert found is not None and (found.extra, found.distribution) == ("megatron", "megatron-core")
+    assert str(found) == ("checking needs megatron-core, from the megatron extra, which is not installed: "
+                          "pip install 'gpufleet[megatron]'")
+
+
+def test_each_framework_module_maps_to_its_own_extra_and_launch_check_is_their_union() -> None:
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert {module: EXTRA_MODULES[module][0] for module in ("deepspeed", "megatron", "torchtitan", "datasets")} == {
+        "deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "torchtitan", "datasets": "torchtitan"}
+    assert extras["launch-check"] == ["gpufleet[deepspeed,megatron,torchtitan]"]
+    pins = {extra: {pin.split("==")[0].lower() for pin in extras[extra]} for extra in extras}
+    assert {"deepspeed"} <= pins["deepspeed"] and {"megatron-core"} <= pins["megatron"]
+    assert {"gpufleet[torchtitan-imports]", "torchtitan", "datasets"} == pins["torchtitan"]
+    for extra in ("deepspeed", "megatron", "torchtitan-imports"):  # a framework extra alone never pulls a new torch
+        assert "torch==2.13.0" in extras[extra] and "torch==2.13.0" in extras["runtime"]
+
+
+def test_the_torchtitan_hint_beside_the_runtime_extras_fsspec_is_the_commands_that_work(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """datasets 4.7.0 (torchtitan 0.3.0's) pins fsspec<=2026.2.0; the runtime extra pins 2026.9.0, where pip cannot
+    resolve gpufleet[torchtitan]: the hint is then torchtitan's imports and the two without their pins."""
+    from gpufleet import extras
+
+    versions = {"fsspec": (2026, 9, 0)}
+    monkeypatch.setattr(extras, "_version", versions.get)
+    beside = extras.install_command("torchtitan")
+    assert beside.startswith("pip install 'gpufleet[torchtitan-imports]' && pip install --no-deps "
+                             "torchtitan==0.3.0 datasets==4.7.0 (not pip install 'gpufleet[torchtitan]': ")
+    assert "fsspec<=2026.2.0 against the fsspec 2026.9.0 installed here" in beside
+    assert extras.install_command("launch-check").startswith(
+        "pip install 'gpufleet[deepspeed,megatron,torchtitan-imports]' && pip install --no-deps ")
+    assert extras.install_command("deepspeed") == "pip install 'gpufleet[deepspeed]'"
+    for alone in ({"fsspec": (2026, 2, 0)}, {}):  # an fsspec datasets takes, or none: pip resolves the extra
+        monkeypatch.setattr(extras, "_version", alone.get)
+        assert extras.install_command("torchtitan") == "pip install 'gpufleet[torchtitan]'"
 
 
 def test_require_extra_raises_a_gpufleet_error_that_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:

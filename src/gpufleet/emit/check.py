@@ -1,5 +1,7 @@
 """`launch --check`: are existing launch files consistent? Degrees against the GPU count, batch arithmetic, whole
-micro-batches, the frameworks' own key sets and parsers, and (with a model) memory fit, step time and MFU."""
+micro-batches, the frameworks' own key sets and parsers, and (with a model) memory fit, step time and MFU. All but
+the frameworks' own checks need no framework; those that did not run (a framework's extra is not installed) are
+reported as skipped, one line per framework naming the extra that runs them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from gpufleet.catalog.registry import Catalog
-from gpufleet.emit.read import ReadConfig, read_file
+from gpufleet.emit.read import ReadConfig, Skipped, read_file
 from gpufleet.errors import GpufleetError, InputError, LayoutError
 
 
@@ -22,11 +24,24 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     expected: dict[str, Any] | None = None
 
+    @property
+    def skipped(self) -> dict[Skipped, list[str]]:
+        """Each framework's skipped checks (one per framework and cause) -> the files they were skipped on."""
+        grouped: dict[Skipped, list[str]] = {}
+        for item in self.files:
+            for skip in item.skipped:
+                grouped.setdefault(skip, []).append(item.path.name)
+        return grouped
+
+    def skipped_lines(self) -> list[str]:
+        return [skip.line(files) for skip, files in self.skipped.items()]
+
     def as_dict(self) -> dict[str, Any]:
         return {"files": [{"path": str(f.path), "kind": f.kind, "degrees": f.degrees, "micro_batch": f.micro_batch,
                            "global_batch": f.global_batch, "gradient_accumulation": f.gradient_accumulation,
                            "gpus": f.gpus, "sharding": f.sharding, "precision": f.precision} for f in self.files],
                 "gpus": self.gpus, "consistent": not self.problems, "problems": self.problems, "notes": self.notes,
+                "skipped": [skip.as_dict(files) for skip, files in self.skipped.items()],
                 "expected": self.expected}
 
     def render(self, console: Console) -> None:
@@ -47,8 +62,10 @@ class CheckReport:
             if e["bubble_fraction"] > 0:
                 console.print(f"pipeline bubble {e['parts_s'].get('bubble', 0.0):.2f} s = {e['bubble_fraction']:.1%} "
                               f"of the step ({e['micro_batches']} micro-batches; --json: expected.parts_s)")
+        for line in self.skipped_lines():
+            console.print(f"  skipped: {line}")
         if not self.problems:
-            console.print("[green]consistent[/green]")
+            console.print("[green]consistent[/green]" + (" in what was checked" if self.skipped else ""))
 
 
 def _merged(files: list[ReadConfig], report: CheckReport) -> dict[str, int]:

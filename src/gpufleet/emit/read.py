@@ -1,7 +1,8 @@
 """Readers for existing launch files (`launch --check`): what a DeepSpeed JSON, a Megatron-LM argument list, a
 torchtitan config module, a PyTorch FSDP keyword dict or an sbatch script says about degrees, batch and GPUs, and the
-problems the framework's own parser (or, for FSDP, PyTorch's own signature) finds in it (where that is installed:
-the `launch-check` and `runtime` extras)."""
+problems the framework's own parser (or, for FSDP, PyTorch's own signature) finds in it. Where a framework is not
+installed (the `deepspeed`, `megatron` and `torchtitan` extras), its reader still reads what the file states and
+records the framework's checks it skipped (`Skipped`), naming the extra that runs them."""
 
 from __future__ import annotations
 
@@ -16,8 +17,43 @@ from typing import Any, Literal
 
 from gpufleet import input_files
 from gpufleet.errors import InputError
+from gpufleet.extras import MissingExtraError, extra_of, install_command
 
 Kind = Literal["deepspeed", "megatron", "torchtitan", "fsdp", "sbatch"]
+
+
+#: A framework's top-level module -> its name in messages.
+FRAMEWORK_NAMES = {"deepspeed": "DeepSpeed", "megatron": "megatron-core", "torchtitan": "torchtitan"}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A framework's own checks that did not run on a file, because the framework (or a module it imports) is not
+    installed, and the extra that runs them."""
+
+    framework: str  # the framework's top-level module: deepspeed, megatron, torchtitan
+    checks: tuple[str, ...]
+    missing: str  # the distribution that is not installed
+    extra: str
+
+    @property
+    def install(self) -> str:
+        return install_command(self.extra)
+
+    def line(self, files: list[str]) -> str:
+        """The one line a person reads: what did not run, on which files, why, and what runs it."""
+        return (f"{FRAMEWORK_NAMES[self.framework]}'s own checks not run on {', '.join(files)} "
+                f"({'; '.join(self.checks)}): {self.missing} is not installed; to run them: {self.install}")
+
+    def as_dict(self, files: list[str]) -> dict[str, Any]:
+        return {"framework": self.framework, "files": files, "checks": list(self.checks), "missing": self.missing,
+                "extra": self.extra, "install": self.install, "line": self.line(files)}
+
+
+def skipped(framework: str, checks: tuple[str, ...], error: MissingExtraError) -> Skipped:
+    """The framework's `checks`, skipped for `error`'s missing module; the extra named is the framework's own (which
+    installs what it imports), not the missing module's (torch: the runtime extra)."""
+    return Skipped(framework, checks, error.distribution, extra_of(framework))
 
 
 @dataclass
@@ -47,6 +83,8 @@ class ReadConfig:
     startup_problems: list[str] = field(default_factory=list)
     #: the framework's own parsed config object, where its parser ran (torchtitan's Trainer.Config)
     framework_config: Any = None
+    #: the framework's own checks that did not run on the file (it is not installed)
+    skipped: list[Skipped] = field(default_factory=list)
 
 
 def read_text(path: Path) -> str:

@@ -1,4 +1,6 @@
-"""A ds_config.json as DeepSpeed reads it: its own top-level key set and its own config class (DeepSpeedConfig)."""
+"""A ds_config.json as DeepSpeed reads it: its own top-level key set and its own config class (DeepSpeedConfig).
+What the file states (degrees, batch, ZeRO stage, precision) is read without DeepSpeed; its two own checks need it
+(the deepspeed extra) and are recorded as skipped where it is not installed."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpufleet.emit.read import ReadConfig, _silenced, one_line
-from gpufleet.extras import require_extra
+from gpufleet.emit.read import ReadConfig, _silenced, one_line, skipped
+from gpufleet.extras import MissingExtraError, require_extra
 
 #: Keys people write for degrees DeepSpeed takes elsewhere (mpu / PipelineModule / model code): read so that their
 #: stated degrees can be checked, and reported as keys DeepSpeed ignores.
@@ -19,6 +21,8 @@ STATED_DEGREES = {"data_parallel_size": "dp", "pipeline_parallel_size": "pp", "t
 #: sequence_parallel_size for Ulysses; runtime/config.py reads it only under torch.distributed).
 READ_ELSEWHERE = frozenset({"sequence_parallel_size"})
 ZERO_SHARDING = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
+#: What DeepSpeed itself checks here, for the line that says they were skipped.
+OWN_CHECKS = ("its top-level key set", "its config class DeepSpeedConfig on the file's sections")
 
 
 class _RecordingKeys:
@@ -75,7 +79,7 @@ def deepspeed_keys() -> frozenset[str]:
 
 
 def deepspeed_version() -> str:
-    """The installed DeepSpeed's version; MissingExtraError (the launch-check extra) when it is not installed."""
+    """The installed DeepSpeed's version; MissingExtraError (the deepspeed extra) when it is not installed."""
     module = _silenced(require_extra, "deepspeed", "checking a DeepSpeed config")
     return str(module.__version__)
 
@@ -117,11 +121,20 @@ def read(path: Path, data: dict[str, Any]) -> ReadConfig:
     if found.degrees.get("pp", 1) > 1 and isinstance(stage, int) and stage >= 2:
         found.problems.append(f"{path.name}: ZeRO stage {stage} with pipeline parallelism "
                               f"{found.degrees['pp']}: DeepSpeed's PipelineEngine allows ZeRO-1 at most")
-    version = deepspeed_version()
-    known = deepspeed_keys()
+    try:
+        version, known = deepspeed_version(), deepspeed_keys()
+    except MissingExtraError as missing:
+        found.skipped.append(skipped("deepspeed", OWN_CHECKS, missing))
+        return found
+    _own_checks(found, data, version, known)
+    return found
+
+
+def _own_checks(found: ReadConfig, data: dict[str, Any], version: str, known: frozenset[str]) -> None:
+    """DeepSpeed's own: keys it does not have, and what its config class refuses."""
+    path = found.path
     unknown = sorted(key for key in data if key not in known)
     if unknown:
         found.problems.append(f"{path.name}: {', '.join(unknown)}: not keys DeepSpeed {version} has (it ignores "
                               "them)")
     found.problems += _own_parser_problems(path, data, known)
-    return found

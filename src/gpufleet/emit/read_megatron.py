@@ -4,6 +4,8 @@ the model-parallel part built into megatron-core's own TransformerConfig, whose 
 Megatron-LM's own parser (megatron/training/arguments.py) is not on PyPI: the megatron-core wheel and sdist ship
 only megatron/core. Flags are therefore checked against megatron-core's config dataclasses (the fields Megatron-LM
 copies from its args) plus the training flags gpufleet's writer uses; others are reported as notes, not problems.
+Degrees, batch and Megatron-LM's start-up rules (megatron_rules) need no megatron-core; its own checks (the megatron
+extra) are recorded as skipped where it is not installed.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.emit.megatron_rules import NOT_FLAGS, file_rules
-from gpufleet.emit.read import ReadConfig, _silenced, one_line
-from gpufleet.extras import require_extra
+from gpufleet.emit.read import ReadConfig, _silenced, one_line, skipped
+from gpufleet.extras import MissingExtraError, require_extra
 
 #: Megatron-LM training-loop flags that are no megatron-core config field (source: megatron/training/arguments.py
 #: of Megatron-LM core_r0.16.0; the ones gpufleet writes and the data/logging flags every recipe has).
@@ -40,6 +42,8 @@ TRAINING_FLAGS = frozenset({
 #: args name -> TransformerConfig field where Megatron-LM renames (source: core_transformer_config_from_args)
 RENAMED = {"swiglu": "gated_linear_unit", "num_experts": "num_moe_experts", "fp8_format": "fp8",
            "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size"}
+#: What megatron-core itself checks here, for the line that says they were skipped.
+OWN_CHECKS = ("flag names against its config dataclasses", "its TransformerConfig on the model shape and degrees")
 
 
 def parse_flags(tokens: list[str]) -> dict[str, Any]:
@@ -79,7 +83,7 @@ def _value(text: Any) -> Any:
 @functools.lru_cache(maxsize=1)
 def megatron_core_fields() -> frozenset[str]:
     """Field names of megatron-core's TransformerConfig, OptimizerConfig and DistributedDataParallelConfig;
-    MissingExtraError (the launch-check extra) when megatron-core is not installed."""
+    MissingExtraError (the megatron extra) when megatron-core is not installed."""
     _silenced(require_extra, "megatron.core", "checking Megatron-LM arguments")
     classes = _silenced(_config_classes)
     return frozenset(f.name for cls in classes for f in dataclasses.fields(cls))
@@ -145,7 +149,18 @@ def read(path: Path, tokens: list[str]) -> ReadConfig:
     _stated(found, args)
     found.framework_config = args
     found.startup_problems += file_rules(path.name, args)
-    fields = megatron_core_fields()
+    try:
+        fields = megatron_core_fields()
+    except MissingExtraError as missing:
+        found.skipped.append(skipped("megatron", OWN_CHECKS, missing))
+        return found
+    _own_checks(found, args, fields)
+    return found
+
+
+def _own_checks(found: ReadConfig, args: dict[str, Any], fields: frozenset[str]) -> None:
+    """megatron-core's own: flag names against its config fields, and its TransformerConfig's checks."""
+    path = found.path
     known = fields | TRAINING_FLAGS | set(NOT_FLAGS)  # the non-flags are problems already (file_rules)
     unknown = sorted(f"--{key.replace('_', '-')}" for key in args if key not in known)
     if unknown:
@@ -154,7 +169,7 @@ def read(path: Path, tokens: list[str]) -> ReadConfig:
     if not {"num_layers", "hidden_size", "num_attention_heads"} <= set(args):
         found.notes.append("no model shape (--num-layers, --hidden-size, --num-attention-heads): megatron-core's "
                            "TransformerConfig checks not run")
-        return found
+        return
     if args.get("fp8_format") and importlib.util.find_spec("transformer_engine") is None:
         found.notes.append("FP8 flags not checked by megatron-core: its FP8 checks need Transformer Engine")
         args = {key: value for key, value in args.items() if not key.startswith("fp8")}
@@ -162,4 +177,3 @@ def read(path: Path, tokens: list[str]) -> ReadConfig:
         transformer_config(args)
     except Exception as error:
         found.problems.append(f"{path.name}: megatron-core's TransformerConfig refuses it: {one_line(error)}")
-    return found

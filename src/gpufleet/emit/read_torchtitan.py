@@ -1,5 +1,7 @@
 """A torchtitan 0.3 config module loaded by torchtitan's own ConfigManager (`--module M --config F`), and its
-degrees checked by torchtitan's own ParallelDims."""
+degrees checked by torchtitan's own ParallelDims. Where torchtitan (the torchtitan extra) is not installed, the module
+is read, never run: the literal values its config function assigns (`p.tensor_parallel_degree = 8`, with `p =
+config.parallelism`) give what it states, and torchtitan's own checks are recorded as skipped."""
 
 from __future__ import annotations
 
@@ -9,20 +11,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.emit.read import ReadConfig, _silenced, one_line, read_text
-from gpufleet.extras import require_extra
+from gpufleet.emit.read import ReadConfig, _silenced, one_line, read_text, skipped
+from gpufleet.extras import MissingExtraError, require_extra
+
+#: What torchtitan itself checks here, for the line that says they were skipped.
+OWN_CHECKS = ("loading the module with its ConfigManager", "its ParallelDims on the degrees and the GPU count")
 
 
-def config_functions(path: Path) -> list[str]:
-    """Names of the module's top-level functions (the candidates for `--config`), `gpufleet_job` first."""
+def _module(path: Path) -> ast.Module:
     try:
-        tree = ast.parse(read_text(path))
+        return ast.parse(read_text(path))
     except SyntaxError as error:
         from gpufleet.errors import InputError
 
         raise InputError(f"{path} is not a Python module: {error.msg} (line {error.lineno})") from error
-    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
-    return sorted(names, key=lambda name: name != "gpufleet_job")
+
+
+def _functions(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The module's public top-level functions (the candidates for `--config`), `gpufleet_job` first."""
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
+    return sorted(found, key=lambda node: node.name != "gpufleet_job")
+
+
+def config_functions(path: Path) -> list[str]:
+    """Names of the module's top-level functions (the candidates for `--config`), `gpufleet_job` first."""
+    return [node.name for node in _functions(_module(path))]
 
 
 def load_config(path: Path, function: str) -> Any:
@@ -60,21 +73,123 @@ def meta_model(config: Any) -> Any:
         return model_config.build()
 
 
+def _dotted(node: ast.expr, aliases: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
+    """`p.tensor_parallel_degree` as its path from the config variable ("config", "parallelism",
+    "tensor_parallel_degree"), through the names bound to the config or a section of it; None for anything else."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, aliases)
+        return None if base is None else (*base, node.attr)
+    return None
+
+
+#: A value the reader cannot know without running the module.
+_UNKNOWN = object()
+
+
+def _literal(node: ast.expr) -> Any:
+    """A literal value; for a call of a class's attribute (`FullAC.Config()`) the class's name; else _UNKNOWN."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+        return node.func.value.id
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return _UNKNOWN
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    """Everything any assignment within `node` assigns to."""
+    found: list[ast.expr] = []
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Assign):
+            found += inner.targets
+        elif isinstance(inner, ast.AugAssign | ast.AnnAssign):
+            found.append(inner.target)
+    return found
+
+
+def assigned_values(function: ast.FunctionDef) -> dict[tuple[str, ...], Any]:
+    """Config path (("parallelism", "tensor_parallel_degree")) -> the literal the function's top-level statements
+    last assign it, on the config it returns (`config = llama3_8b()` … `return config`; `p = config.parallelism`
+    names a section). A path also assigned in a branch, a loop or an augmented assignment, or from an expression,
+    is not known (left out)."""
+    aliases: dict[str, tuple[str, ...]] = {}
+    values: dict[tuple[str, ...], Any] = {}
+    unsure: set[tuple[str, ...]] = set()
+    returned = next((node.value.id for node in reversed(function.body)
+                     if isinstance(node, ast.Return) and isinstance(node.value, ast.Name)), None)
+    for statement in function.body:
+        if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+            unsure |= {where for target in _targets(statement) if (where := _dotted(target, aliases))}
+            continue
+        target, value = statement.targets[0], statement.value
+        if isinstance(target, ast.Name):
+            bound = (target.id,) if isinstance(value, ast.Call) else _dotted(value, aliases)
+            if bound is None:
+                aliases.pop(target.id, None)
+            else:
+                aliases[target.id] = bound
+        elif (where := _dotted(target, aliases)) is not None:
+            values[where] = _literal(value)
+    return {where[1:]: value for where, value in values.items()
+            if where[0] == returned and value is not _UNKNOWN and where not in unsure}
+
+
+def _ints(values: dict[tuple[str, ...], Any], section: str) -> dict[str, int]:
+    return {where[1]: value for where, value in values.items()
+            if len(where) == 2 and where[0] == section and type(value) is int}
+
+
+def read_statically(found: ReadConfig, function: ast.FunctionDef) -> None:
+    """What the config function states in literals, as `read` takes it from the loaded config; what its base
+    config (`llama3_8b()` …) sets and it does not assign is not known here."""
+    values = assigned_values(function)
+    p, t = _ints(values, "parallelism"), _ints(values, "training")
+    found.degrees = {degree: p[name] for degree, name in (
+        ("tp", "tensor_parallel_degree"), ("pp", "pipeline_parallel_degree"), ("cp", "context_parallel_degree"),
+        ("ep", "expert_parallel_degree")) if name in p}
+    shard, replicate = p.get("data_parallel_shard_degree"), p.get("data_parallel_replicate_degree")
+    if shard is not None and shard > 0 and replicate is not None:
+        found.degrees["dp"] = replicate * shard
+    found.seq_len = t.get("seq_len")
+    found.global_batch = t["global_batch_size"] if t.get("global_batch_size", 0) > 0 else None
+    found.micro_batch = (p.get("pipeline_parallel_microbatch_size") if found.degrees.get("pp", 1) > 1
+                         else t.get("local_batch_size"))
+    found.sharding = None if shard is None else "fsdp" if shard != 1 else "none"
+    checkpointing = str(values.get(("activation_checkpoint",)))
+    found.recompute = {"FullAC": "full", "SelectiveAC": "selective"}.get(checkpointing)  # as `read` maps the class
+    found.precision = "bf16"
+    found.notes.append(f"read, not run, as --config {function.name}: the values it assigns as literals; what its "
+                       "base config sets and it does not assign is not known without torchtitan")
+
+
 def read(path: Path) -> ReadConfig:
     found = ReadConfig(path, "torchtitan")
-    functions = config_functions(path)
+    functions = _functions(_module(path))
     if not functions:
         found.problems.append(f"{path.name}: defines no config function for --config")
         return found
-    require_extra("torchtitan", "checking a torchtitan config")
     try:
-        config = load_config(path, functions[0])
+        require_extra("torchtitan", "checking a torchtitan config")
+        require_extra("datasets", "checking a torchtitan config")  # its config registries import it
+    except MissingExtraError as missing:
+        read_statically(found, functions[0])
+        found.skipped.append(skipped("torchtitan", OWN_CHECKS, missing))
+        return found
+    return _loaded(found, path, functions[0].name)
+
+
+def _loaded(found: ReadConfig, path: Path, function: str) -> ReadConfig:
+    """The module loaded by torchtitan's ConfigManager, and what the config states."""
+    try:
+        config = load_config(path, function)
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
         found.problems.append(f"{path.name}: torchtitan's ConfigManager refuses it: {one_line(error) or type(error)}")
         return found
-    found.notes.append(f"loaded by torchtitan's ConfigManager as --module {path.stem} --config {functions[0]}")
+    found.notes.append(f"loaded by torchtitan's ConfigManager as --module {path.stem} --config {function}")
     p, t = config.parallelism, config.training
     found.degrees = {"tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree,
                      "cp": p.context_parallel_degree, "ep": p.expert_parallel_degree}
