@@ -90,6 +90,15 @@ def test_the_skipped_line_names_the_deepspeed_extra(tmp_path: Path) -> None:
     assert "Traceback" not in ran.stderr
 
 
+def test_docs_launch_quotes_the_skipped_line_as_printed(tmp_path: Path) -> None:
+    """docs/launch.md's "Without the framework extras" quotes the seed's skipped line (wrapped): it is today's."""
+    ran = _bare("launch", "--check", str(SEED_DEEPSPEED), "--gpus", "2048", cwd=tmp_path)
+    (line,) = (line.strip() for line in ran.stdout.splitlines() if "skipped:" in line)
+    doc = (Path(__file__).parents[1] / "docs" / "launch.md").read_text(encoding="utf-8")
+    quoted = doc.split("    skipped: ", 1)[1].split("\n\n", 1)[0]
+    assert "skipped: " + " ".join(quoted.split()) == line
+
+
 def test_with_deepspeed_installed_nothing_is_skipped() -> None:
     pytest.importorskip("deepspeed", reason="the deepspeed extra (scripts/test installs it)")
     ran = run_gpufleet("launch", "--check", str(SEED_DEEPSPEED), "--gpus", "2048", "--json")
