@@ -42,7 +42,7 @@ def test_workload_options_refuse_an_unknown_field() -> None:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"budget_usd": 0.0}, "--budget must be positive"),
+    ({"budget_usd": 0.0}, "--budget must be a positive number of dollars"),
     ({"gpus": "64,128", "top": 3, "explain": 1}, "--top, --explain apply to one GPU count"),
     ({"gpus": "64", "deadline": "30d", "budget_usd": 1e6}, "--budget applies to one GPU count"),
     ({"plot": Path("scaling.png")}, "--plot draws a GPU-count sweep"),

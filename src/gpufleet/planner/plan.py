@@ -16,12 +16,13 @@ from gpufleet.catalog.records import NodeSpec, Precision
 from gpufleet.catalog.registry import Catalog
 from gpufleet.economics.run_economics import RunEconomics, run_economics
 from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalLayoutError
-from gpufleet.fabric.topology import TOPOLOGY_KINDS, Cluster, Fabric, TopologyKind
+from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
 from gpufleet.planner.intervals import Interval, IntervalTable, step_interval
 from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.published_runs import stack_calibration
+from gpufleet.planner.request_rules import check_plan_request
 from gpufleet.planner.search import Candidate, SearchResult, SearchSpace, enumerate_layouts, search
 from gpufleet.planner.stack import check_stack_precision, stack_layout_defaults, stack_search_space
 from gpufleet.reliability.defaults import checkpoint_bytes_per_param
@@ -77,20 +78,9 @@ class PlanRequest:
         return said + (f" ({self.stack_why})" if self.stack_why else "")
 
     def __post_init__(self) -> None:
-        """The API refuses what the CLI refuses: one InputError naming the field and what it allows."""
-        if self.rank_by not in ("time", "cost"):
-            raise InputError(f"rank_by must be time or cost, got {self.rank_by!r}")
-        if self.fabric_model not in ("analytical", "sim"):
-            raise InputError(f"fabric_model must be analytical or sim, got {self.fabric_model!r}")
-        if self.topology not in TOPOLOGY_KINDS:
-            raise InputError(f"topology must be one of {', '.join(TOPOLOGY_KINDS)}, got {self.topology!r}")
-        if self.top < 1 or self.gpus < 1 or self.seq_len < 1 or self.tokens <= 0:
-            raise InputError(f"top, gpus, seq_len and tokens must be positive, got top={self.top}, gpus={self.gpus}, "
-                             f"seq_len={self.seq_len}, tokens={self.tokens}")
-        if self.global_batch is not None and self.global_batch < 1:
-            raise InputError(f"global_batch must be at least 1 sequence, got {self.global_batch}")
-        if not self.oversubscription >= 1:
-            raise InputError(f"oversubscription must be at least 1 (1:1), got {self.oversubscription}")
+        """The API refuses what the CLI refuses: one InputError naming the field and what it allows
+        (planner/request_rules.py)."""
+        check_plan_request(self)
 
 
 @dataclass(frozen=True)
@@ -236,8 +226,6 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     are `catalog`'s unless the request's StepOptions name their own (`StepOptions.judgements`): the result's
     request carries the options as priced."""
     request = replace(request, options=request.options.with_judgements(catalog.judgements()))
-    if request.top < 1:
-        raise InputError(f"--top must be at least 1, got {request.top}")
     cluster = build_cluster(request, catalog)
     job = build_job(request, catalog)
     gpu = cluster.gpu

@@ -5,6 +5,7 @@ so the Python API refuses what the CLI refuses."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,8 @@ class PlanCommand(Request):
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanCommand:
-        if self.budget_usd is not None and self.budget_usd <= 0:
-            raise InputError(f"--budget must be positive, got {self.budget_usd}")
+        if self.budget_usd is not None and not (math.isfinite(self.budget_usd) and self.budget_usd > 0):
+            raise InputError(f"--budget must be a positive number of dollars, got {self.budget_usd}")
         check_gpu_count(max(self.counts))
         self.site_fields()  # --sites, --wan-gbps, --wan-latency checked against the counts
         single_given = [flag for flag, value in (("--top", self.top), ("--explain", self.explain),
