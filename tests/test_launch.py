@@ -83,6 +83,29 @@ def test_a_plan_file_launches_the_rank_it_lists(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["layout"]["label"] == second["label"]
 
 
+def test_a_plan_with_its_pipeline_sends_in_line_launches_from_its_file(tmp_path: Path) -> None:
+    # the file's framework section is read typed, every term with it: launch rebuilt the request without
+    # pp_p2p_overlap and refused the file as "not this version's"
+    planned = run_gpufleet("plan", "-m", "llama3-70b", "-n", "256", "--top", "1", "--no-overlap-pp", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["framework"]["pp_p2p_overlap"] is False
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(planned.stdout)
+    result = run_gpufleet("launch", "--plan", str(plan_file), "--target", "megatron", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_plan_file_with_a_mistyped_framework_setting_is_one_line(tmp_path: Path) -> None:
+    planned = run_gpufleet("plan", *PLAN, "--json")
+    document = json.loads(planned.stdout)
+    document["framework"]["tp_comm_overlap"] = "sometimes"
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(document))
+    line = one_error_line(run_gpufleet("launch", "--plan", str(plan_file), "--target", "megatron", "--out",
+                                       str(tmp_path / "run")))
+    assert "framework.tp_comm_overlap" in line
+
+
 def test_a_plan_file_from_another_version_or_model_is_refused(tmp_path: Path) -> None:
     data = json.loads(run_gpufleet("plan", *PLAN, "--json").stdout)
     cases = {"version": {**data, "gpufleet_version": "0.0.1"},

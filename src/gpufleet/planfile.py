@@ -86,6 +86,47 @@ class SweepRow(BaseModel):
     step_s: float | None = None
 
 
+class PlannedFramework(BaseModel):
+    """The framework behaviours a plan assumed (its `--stack` and the overlap, recompute and model-term flags), as
+    the step model priced them: what `launch --plan` rebuilds the request from and compares with its own. The
+    writer builds this record (planner/plan_json.py framework_record); readers get it typed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stack: str | None
+    stack_record: str | None
+    stack_resolution: str | None
+    stack_version_assumed: bool
+    attention_kernel: str | None
+    tp_comm_overlap: bool
+    tp_async_backward: bool
+    tp_gathered_inputs: bool
+    ep_comm_overlap: bool
+    ep_dispatch: str
+    ep_routing: str
+    moe_expert_kernels: str
+    fused_elementwise: bool
+    dp_overlap: bool
+    grad_dtype: str
+    fp32_params: bool
+    selective_policy: str
+    ep_imbalance: float
+    moe_dropless: bool
+    loss_bytes_per_logit: float
+    straggler_sigma: float
+    straggler_scope: str
+    overlap_slowdown: float
+    fsdp2_copies: bool | None
+    fp8_amax_sync_sigma: float
+    dp_overlap_window: str
+    fp8_recipe: str
+    fp8_amax_group: str
+    pp_p2p_overlap: bool
+    logits_bytes_per_element: float
+    activation_offload: bool
+    sequence_parallel: bool
+    context_parallel: bool
+
+
 class PlanFile(BaseModel):
     """A whole `plan --json` document: one GPU count (`plans`) or a sweep over counts (`sweep`)."""
 
@@ -95,7 +136,7 @@ class PlanFile(BaseModel):
     gpufleet_version: str
     #: every field of the PlanRequest (report re-runs it; planner.plan.PlanRequest reads it back)
     request: dict[str, Any]
-    framework: dict[str, Any]
+    framework: PlannedFramework
     job: PlannedJob | None = None
     cluster: PlannedCluster | None = None
     ranking: dict[str, Any] = Field(default_factory=dict)

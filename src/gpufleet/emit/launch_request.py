@@ -8,21 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import model_validator
 
 from gpufleet import __version__
 from gpufleet.catalog.registry import Catalog
-from gpufleet.catalog.stacks import LaunchTarget
+from gpufleet.catalog.stacks import Fp8Recipe, LaunchTarget
 from gpufleet.emit.spec import EmittedFile, LaunchSpec
 from gpufleet.errors import InputError
 from gpufleet.input_files import load_json
 from gpufleet.planfile import read_plan_file
-from gpufleet.planner.model_terms import ModelTerms
+from gpufleet.planner.model_terms import DpOverlapWindow, ModelTerms, StragglerScope
 from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.plan import PlanRequest, PlanResult
-from gpufleet.planner.plan_json import framework_to_dict
+from gpufleet.planner.plan_json import framework_record
 from gpufleet.planner.plan_options import WorkloadOptions
 from gpufleet.request import Request, check_gpu_count
 from gpufleet.units import parse_int_list
@@ -116,7 +116,7 @@ def launch_plan(launch: LaunchRequest, given: WorkloadOptions, cat: Catalog) -> 
         check_launchable(cat, from_file.stack)
     saved = read_plan_file(data, f"--plan {path}")
     request = from_file.plan_request(cat, count, max(launch.rank, len(saved.plans or [])))
-    if framework_to_dict(request) != saved.framework:
+    if framework_record(request) != saved.framework:
         raise InputError(f"--plan {path}: its framework settings are not this version's: re-run "
                          "`gpufleet plan --json`")
     return LaunchPlan(request, label)
@@ -144,15 +144,15 @@ def _options_from_plan_file(path: Path, data: dict[str, Any], rank: int) -> tupl
             oversubscription=f"{float(cluster.oversubscription)!r}:1", seq=job.seq_len,
             global_batch=job.global_batch, precision=job.precision,
             rank_by=ranking.get("rank_by", "time"), fabric_model=ranking.get("fabric_model", "analytical"),
-            overlap_tp=framework["tp_comm_overlap"], dtensor_tp=not framework["tp_async_backward"],
-            overlap_ep=framework["ep_comm_overlap"], ep_dispatch=framework["ep_dispatch"],
-            selective_policy=framework["selective_policy"], eager=not framework["fused_elementwise"],
-            stack=framework["stack"],
-            terms=ModelTerms(float(framework["straggler_sigma"]), framework["straggler_scope"],
-                             float(framework["overlap_slowdown"]), framework["fsdp2_copies"],
-                             float(framework["fp8_amax_sync_sigma"]), framework["dp_overlap_window"],
-                             framework["fp8_recipe"]),
-            overlap_dp=framework.get("dp_overlap"),
+            overlap_tp=framework.tp_comm_overlap, dtensor_tp=not framework.tp_async_backward,
+            overlap_ep=framework.ep_comm_overlap, ep_dispatch=framework.ep_dispatch,
+            selective_policy=framework.selective_policy, eager=not framework.fused_elementwise,
+            stack=framework.stack,
+            terms=ModelTerms(framework.straggler_sigma, cast(StragglerScope, framework.straggler_scope),
+                             framework.overlap_slowdown, framework.fsdp2_copies, framework.fp8_amax_sync_sigma,
+                             cast(DpOverlapWindow, framework.dp_overlap_window),
+                             cast(Fp8Recipe, framework.fp8_recipe), framework.pp_p2p_overlap),
+            overlap_dp=framework.dp_overlap,
             pins=LayoutPins.from_saved(saved.request.get("pins", {}), f"--plan {path}: request.pins"))
         return given, cluster.gpus, label
     except (KeyError, TypeError, ValueError) as error:

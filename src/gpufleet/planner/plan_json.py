@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.parallel.layout import expert_parallel_degrees
+from gpufleet.planfile import PlannedFramework
 from gpufleet.planner.plan import Plan, PlanRequest, PlanResult, default_batch_rule, pipeline_warning
 from gpufleet.planner.request_file import saved_header
 from gpufleet.planner.sweep import SweepPoint
@@ -85,9 +86,15 @@ def result_to_dict(result: PlanResult) -> dict[str, Any]:
 
 
 def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
+    """The plan file's `framework` section (`framework_record`) as JSON."""
+    return framework_record(request).model_dump(mode="json")
+
+
+def framework_record(request: PlanRequest) -> PlannedFramework:
     """The framework behaviours the plan assumed (`--stack` and the overlap/recompute flags)."""
     options, memory = request.options, request.options.memory
-    return {"stack": request.stack, "stack_record": request.stack_record, "stack_resolution": request.stack_why,
+    return PlannedFramework(**{
+            "stack": request.stack, "stack_record": request.stack_record, "stack_resolution": request.stack_why,
             "stack_version_assumed": request.stack_version_assumed, "attention_kernel": request.attention_kernel,
             "tp_comm_overlap": options.tp_comm_overlap, "tp_async_backward": options.tp_async_backward,
             "tp_gathered_inputs": memory.tp_gathered_inputs, "ep_comm_overlap": options.ep_comm_overlap,
@@ -106,7 +113,7 @@ def framework_to_dict(request: PlanRequest) -> dict[str, Any]:
             "logits_bytes_per_element": memory.resolved_logits_bytes_per_element,
             "activation_offload": request.search_space.activation_offload,
             "sequence_parallel": request.search_space.sequence_parallel,
-            "context_parallel": request.search_space.cps != (1,)}
+            "context_parallel": request.search_space.cps != (1,)})
 
 
 def sweep_row(point: SweepPoint) -> dict[str, Any]:
