@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.emit.spec import EmittedFile, LaunchSpec, TargetCannotExpress
+from gpufleet.emit.torchtitan_split import TitanSplit, titan_split
 
 MODULE = "gpufleet_torchtitan"
 CONFIG_FUNCTION = "gpufleet_job"
@@ -92,9 +93,20 @@ def _parallelism_lines(spec: LaunchSpec) -> list[str]:
     if layout.pp > 1:
         lines += [f"p.pipeline_parallel_schedule = {'Interleaved1F1B' if layout.vpp > 1 else '1F1B'!r}",
                   f"p.pipeline_parallel_microbatch_size = {layout.micro_batch}"]
-        stages = layout.pp * layout.vpp
-        if spec.job.model.layers % stages == 0:
-            lines.append(f"p.pipeline_parallel_layers_per_stage = {spec.job.model.layers // stages}")
+        lines += _pipeline_split_lines(titan_split(spec.job.model.layers, layout.pp, layout.vpp))
+    return lines
+
+
+def _pipeline_split_lines(split: TitanSplit) -> list[str]:
+    """The settings under which torchtitan's own split builds the planned chunks (emit/torchtitan_split.py)."""
+    if split.module_fqns is not None:
+        chunks = "".join(f"\n    {list(chunk)!r}," for chunk in split.module_fqns)
+        return ["# no layers-per-stage setting makes torchtitan split the layers as planned: each chunk by name",
+                f"p.module_fqns_per_model_part = [{chunks}\n]"]
+    lines = [f"p.pipeline_parallel_first_stage_less_layers = {split.first_stage_less_layers}",
+             f"p.pipeline_parallel_last_stage_less_layers = {split.last_stage_less_layers}"]
+    if split.layers_per_stage is not None:
+        lines.append(f"p.pipeline_parallel_layers_per_stage = {split.layers_per_stage}")
     return lines
 
 

@@ -218,19 +218,24 @@ def max_virtual_stages(model: ModelSpec) -> int:
 
 
 @lru_cache(maxsize=4096)
-def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> tuple[int, ...]:
-    """Transformer layers held by pipeline rank `stage` (0-based), interleaved over `vpp` chunks.
-
-    Layers split into pp*vpp contiguous chunks; chunk c goes to rank c % pp. When they do not divide
-    evenly, the extra layers go to the middle chunks first: the first chunk also holds the embedding
-    and the last the output head and loss (Megatron's uneven first/last stage convention).
-    """
-    chunks = pp * vpp
+def chunk_layer_counts(layers: int, chunks: int) -> tuple[int, ...]:
+    """Transformer layers in each of `chunks` contiguous model chunks (pp x vpp of them, first to last). When they
+    do not divide evenly, the extra layers go to the middle chunks first: the first chunk also holds the embedding
+    and the last the output head and loss (Megatron's uneven first/last stage convention)."""
     base, extra = divmod(layers, chunks)
     order = [*range(1, chunks - 1), 0, chunks - 1] if chunks > 2 else list(range(chunks))
     sizes = [base] * chunks
     for chunk in order[:extra]:
         sizes[chunk] += 1
+    return tuple(sizes)
+
+
+@lru_cache(maxsize=4096)
+def stage_layer_indices(layers: int, pp: int, vpp: int, stage: int) -> tuple[int, ...]:
+    """Transformer layers held by pipeline rank `stage` (0-based), interleaved over `vpp` chunks: the layers split
+    into pp*vpp contiguous chunks (`chunk_layer_counts`) and chunk c goes to rank c % pp."""
+    chunks = pp * vpp
+    sizes = chunk_layer_counts(layers, chunks)
     starts = [0] * chunks
     for chunk in range(1, chunks):
         starts[chunk] = starts[chunk - 1] + sizes[chunk - 1]
