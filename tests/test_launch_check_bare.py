@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from clirun import ENV_VAR, run_gpufleet
-from gpufleet.emit.read_torchtitan import assigned_values
+from gpufleet.emit.read_torchtitan import assigned_values, not_installed
 
 SEED_DEEPSPEED = Path(__file__).parent / "data" / "seed_deepspeed.json"
 #: The framework modules a base install lacks (datasets: torchtitan's config registries import it).
@@ -204,3 +204,29 @@ def test_only_what_the_returned_config_surely_gets_is_read() -> None:
             return config
         """))
     assert values == {("parallelism", "tensor_parallel_degree"): 4}
+
+
+def test_a_package_torchtitan_imports_that_is_not_installed_is_a_skip_not_a_problem() -> None:
+    """ConfigManager says only that it cannot import the module; the module's own import names what is missing. A
+    package not installed at all (torchtitan's config registries import triton and datasets) means torchtitan
+    cannot run here; a missing module of an installed package is the file's own mistake."""
+    assert not_installed(ModuleNotFoundError("No module named 'no_such_pkg'", name="no_such_pkg.sub")) == "no_such_pkg"
+    assert not_installed(ModuleNotFoundError("No module named 'json.nosuch'", name="json.nosuch")) is None
+    assert not_installed(ImportError("cannot import name 'x'")) is None and not_installed(None) is None
+
+
+@pytest.mark.framework
+def test_torchtitan_without_triton_reads_the_module_and_names_the_extra(tmp_path: Path) -> None:
+    """torchtitan 0.3.0 installed without triton (pip install --no-deps, or an extra that lacked it): its config
+    registry cannot import, so the module is read statically and the skipped line names the torchtitan extra."""
+    pytest.importorskip("torchtitan", reason="the torchtitan extra (scripts/test installs it)")
+    (tmp_path / "titan_job.py").write_text(TITAN_JOB)
+    environment = {key: value for key, value in os.environ.items() if key != ENV_VAR}
+    ran = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, "triton", "launch", "--check", "titan_job.py",
+                          "--gpus", "8", "--json"], capture_output=True, text=True, env=environment, cwd=tmp_path,
+                         timeout=300, check=False)
+    report = json.loads(ran.stdout)
+    assert ran.returncode == 0 and report["problems"] == [], ran.stderr
+    assert report["files"][0]["degrees"] == {"tp": 2, "pp": 1, "cp": 1, "ep": 1, "dp": 4}
+    (skipped,) = report["skipped"]
+    assert (skipped["extra"], skipped["missing"]) == ("torchtitan", "triton")

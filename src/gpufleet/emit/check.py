@@ -63,7 +63,7 @@ class CheckReport:
                 console.print(f"pipeline bubble {e['parts_s'].get('bubble', 0.0):.2f} s = {e['bubble_fraction']:.1%} "
                               f"of the step ({e['micro_batches']} micro-batches; --json: expected.parts_s)")
         for line in self.skipped_lines():
-            console.print(f"  skipped: {line}")
+            console.print(f"  skipped: {line}", soft_wrap=True)  # one line: its pip command copies whole
         if not self.problems:
             console.print("[green]consistent[/green]" + (" in what was checked" if self.skipped else ""))
 

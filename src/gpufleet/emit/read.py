@@ -51,9 +51,14 @@ class Skipped:
 
 
 def skipped(framework: str, checks: tuple[str, ...], error: MissingExtraError) -> Skipped:
-    """The framework's `checks`, skipped for `error`'s missing module; the extra named is the framework's own (which
-    installs what it imports), not the missing module's (torch: the runtime extra)."""
-    return Skipped(framework, checks, error.distribution, extra_of(framework))
+    """The framework's `checks`, skipped for `error`'s missing module (the one the failed import names: a package the
+    framework imports, where the framework itself is there); the extra named is the framework's own (which installs
+    what it imports), not the missing module's (torch: the runtime extra)."""
+    cause = error.__cause__
+    name = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
+    top = name.split(".", 1)[0] if isinstance(name, str) else ""
+    missing = top if top and top != framework else error.distribution  # megatron: megatron-core
+    return Skipped(framework, checks, missing, extra_of(framework))
 
 
 @dataclass

@@ -6,8 +6,11 @@ config.parallelism`) give what it states, and torchtitan's own checks are record
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
+import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +41,52 @@ def config_functions(path: Path) -> list[str]:
     return [node.name for node in _functions(_module(path))]
 
 
-def load_config(path: Path, function: str) -> Any:
-    """`ConfigManager().parse_args(["--module", stem, "--config", function])` with the file's folder importable."""
-    from torchtitan.config import ConfigManager
-
+@contextlib.contextmanager
+def _importable(path: Path) -> Iterator[None]:
+    """The file's folder first on sys.path, and the module imported afresh from it."""
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
     try:
         sys.modules.pop(path.stem, None)
         importlib.invalidate_caches()
-        return _silenced(ConfigManager().parse_args, ["--module", path.stem, "--config", function])
+        yield
     finally:
         sys.path.remove(folder)
+
+
+def load_config(path: Path, function: str) -> Any:
+    """`ConfigManager().parse_args(["--module", stem, "--config", function])` with the file's folder importable."""
+    from torchtitan.config import ConfigManager
+
+    with _importable(path):
+        return _silenced(ConfigManager().parse_args, ["--module", path.stem, "--config", function])
+
+
+def import_error(path: Path) -> Exception | None:
+    """Why the module itself does not import (ConfigManager's own ImportError says only that it cannot import the
+    module), or None when it imports."""
+    with _importable(path):
+        try:
+            _silenced(importlib.import_module, path.stem)
+        except Exception as error:
+            return error
+        finally:
+            sys.modules.pop(path.stem, None)
+    return None
+
+
+def not_installed(error: Exception | None) -> str | None:
+    """The package a ModuleNotFoundError names when no such package is installed at all (torchtitan's own imports
+    incomplete: triton, datasets …), else None (a module the file names wrongly is a problem in the file)."""
+    name = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+    if not isinstance(name, str) or not name:
+        return None
+    top = name.split(".", 1)[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # a finder that refuses the name outright
+        found = None
+    return top if found is None else None
 
 
 def parallel_dims(config: Any, world_size: int) -> Any:
@@ -161,7 +198,7 @@ def read_statically(found: ReadConfig, function: ast.FunctionDef) -> None:
     found.recompute = {"FullAC": "full", "SelectiveAC": "selective"}.get(checkpointing)  # as `read` maps the class
     found.precision = "bf16"
     found.notes.append(f"read, not run, as --config {function.name}: the values it assigns as literals; what its "
-                       "base config sets and it does not assign is not known without torchtitan")
+                       "base config sets and it does not assign is not known until torchtitan runs it")
 
 
 def read(path: Path) -> ReadConfig:
@@ -174,20 +211,31 @@ def read(path: Path) -> ReadConfig:
         require_extra("torchtitan", "checking a torchtitan config")
         require_extra("datasets", "checking a torchtitan config")  # its config registries import it
     except MissingExtraError as missing:
-        read_statically(found, functions[0])
-        found.skipped.append(skipped("torchtitan", OWN_CHECKS, missing))
-        return found
-    return _loaded(found, path, functions[0].name)
+        return _unloaded(found, functions[0], missing)
+    return _loaded(found, path, functions[0])
 
 
-def _loaded(found: ReadConfig, path: Path, function: str) -> ReadConfig:
+def _unloaded(found: ReadConfig, function: ast.FunctionDef, missing: MissingExtraError) -> ReadConfig:
+    """torchtitan cannot run here: the module read statically, torchtitan's own checks skipped."""
+    read_statically(found, function)
+    found.skipped.append(skipped("torchtitan", OWN_CHECKS, missing))
+    return found
+
+
+def _loaded(found: ReadConfig, path: Path, function_node: ast.FunctionDef) -> ReadConfig:
     """The module loaded by torchtitan's ConfigManager, and what the config states."""
+    function = function_node.name
     try:
         config = load_config(path, function)
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
-        found.problems.append(f"{path.name}: torchtitan's ConfigManager refuses it: {one_line(error) or type(error)}")
+        cause = import_error(path) if isinstance(error, ImportError) else None
+        if (package := not_installed(cause)) is not None:
+            return _unloaded(found, function_node, MissingExtraError("torchtitan", package))
+        found.problems.append(f"{path.name}: torchtitan's ConfigManager cannot import it: {one_line(cause)}" if cause
+                              else f"{path.name}: torchtitan's ConfigManager refuses it: "
+                              f"{one_line(error) or type(error)}")
         return found
     found.notes.append(f"loaded by torchtitan's ConfigManager as --module {path.stem} --config {function}")
     p, t = config.parallelism, config.training
