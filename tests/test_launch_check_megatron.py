@@ -97,3 +97,22 @@ def test_rules_hold_quiet_on_what_megatron_accepts() -> None:
     stated = {**fine, "num_microbatches": "16"}
     assert batch_rules("f.args", stated, 8) == []  # 256 / (2 x 8) = 16
     assert "= 32 micro-batches" in batch_rules("f.args", stated, 4)[0]
+
+
+def test_the_uneven_405b_file_launch_writes_is_consistent_and_priced_as_planned(tmp_path: Path) -> None:
+    # Llama 3.1 405B on 16,384 H100: 126 layers on pp 32 x vpp 4, written as --pipeline-model-parallel-layout (the
+    # check refused it as 'not divisible by --pipeline-model-parallel-size' and priced it at vpp 1)
+    planned = run_gpufleet("plan", "-m", "llama3-405b", "-t", "15T", "-n", "16384", "--top", "1", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)["plans"][0]
+    layout = plan["layout"]
+    assert 126 % (layout["pp"] * layout["vpp"]), "the case needs the uneven split it was chosen for"
+    (tmp_path / "plan.json").write_text(planned.stdout)
+    wrote = run_gpufleet("launch", "--plan", str(tmp_path / "plan.json"), "--target", "megatron", "--out",
+                         str(tmp_path / "run"))
+    assert wrote.returncode == 0, wrote.stderr
+    args = tmp_path / "run" / "megatron" / "pretrain_gpt.args"
+    assert "--pipeline-model-parallel-layout=" in args.read_text()
+    code, report = _check(args, "--gpus", "16384", "--model", "llama3-405b")
+    assert code == 0 and report["consistent"], report
+    assert report["expected"]["step_s"] == pytest.approx(plan["step_s"], rel=1e-9)

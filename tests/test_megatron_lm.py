@@ -50,6 +50,10 @@ MATRIX: dict[str, tuple[str, int, dict[str, Any], Callable[[Layout], bool]]] = {
     "moe-qk-norm": ("qwen3-30b-a3b", 64, {}, lambda lay: lay.ep > 1),
     "mla-deepseek-v3": ("deepseek-v3", 1024, {}, lambda lay: lay.ep > 1),
     "fp8": ("llama3-70b", 64, {"precision": "fp8"}, lambda lay: lay.gpus == 64),
+    # uneven pipeline splits (pp x vpp does not divide the layers): --pipeline-model-parallel-layout
+    "uneven-405b-16384": ("llama3-405b", 16384, {}, lambda lay: 126 % (lay.pp * lay.vpp) != 0),
+    # (bf16: megatron-core refuses MoE FP8 without Transformer Engine >= 1.7, which a CPU machine cannot install)
+    "uneven-deepseek-v3": ("deepseek-v3", 2048, {}, lambda lay: 61 % (lay.pp * lay.vpp) != 0),
 }
 
 

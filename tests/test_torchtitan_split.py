@@ -53,10 +53,12 @@ def test_the_stated_settings_reproduce_the_planned_chunks(layers: int, pp: int, 
                                     split.last_stage_less_layers) == planned
 
 
-#: (model, pp, vpp): the torchtitan stack's 70B plan on 256 GPUs (pp 8 vpp 2), 405B's uneven splits (126 layers on
-#: 32 and on 15 stages, 4 chunks of 8 ranks), DeepSeek-V3's 61 layers on pp 8 (and 4 x 3, which needs module lists)
+#: (model, pp, vpp): the torchtitan stack's 70B plan on 256 GPUs (pp 8 vpp 2); 405B's uneven splits: 126 layers on
+#: 32 and on 15 stages, 8 ranks x 4 chunks, and 32 x 4 = 128 chunks whose first and last hold no layer; DeepSeek-V3's
+#: 61 layers on pp 8 (and 4 x 3, which needs module lists)
 MATRIX = [("llama3-70b", 8, 2), ("llama3-70b", 4, 4), ("llama3-405b", 32, 1), ("llama3-405b", 15, 1),
-          ("llama3-405b", 8, 4), ("deepseek-v3", 8, 1), ("deepseek-v3", 4, 3), ("qwen3-30b-a3b", 4, 3)]
+          ("llama3-405b", 32, 4), ("llama3-405b", 8, 4), ("deepseek-v3", 8, 1), ("deepseek-v3", 4, 3),
+          ("qwen3-30b-a3b", 4, 3)]
 
 
 def _job_file(tmp_path: Path, model_id: str, pp: int, vpp: int) -> Path:

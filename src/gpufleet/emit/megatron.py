@@ -6,9 +6,11 @@ megatron-core's TransformerConfig fields, which is how the tests check them (see
 
 from __future__ import annotations
 
+import itertools
+
 from gpufleet.catalog.records import RouterSpec
 from gpufleet.emit.spec import EmittedFile, LaunchSpec, TargetCannotExpress
-from gpufleet.parallel.layout import expert_parallel_degrees
+from gpufleet.parallel.layout import chunk_layer_counts, expert_parallel_degrees
 
 ARGS_FILE = "megatron/pretrain_gpt.args"
 ENV_FILE = "megatron/megatron.env"
@@ -125,11 +127,29 @@ def _moe_args(spec: LaunchSpec) -> list[str]:
     return args
 
 
+def pipeline_layout(layers: int, pp: int, vpp: int) -> str | None:
+    """The planned split as Megatron-LM's --pipeline-model-parallel-layout, where Megatron's even split is not it
+    (None: pp x vpp divides the layers). One chunk per '|', in model order (chunk c on rank c % pp, as megatron-core's
+    PipelineParallelLayerLayout reads it), 'E' the embedding before the first chunk's layers, 'L' the loss after the
+    last's, 't*n' n transformer layers, '(t*n|)*k' k such chunks in a row (core_v0.16.1 parse_str_to_list)."""
+    chunks = pp * vpp
+    if pp == 1 or layers % chunks == 0:
+        return None
+    counts = chunk_layer_counts(layers, chunks)
+    middle: list[str] = []
+    for count, run in ((count, len(list(group))) for count, group in itertools.groupby(counts[1:-1])):
+        middle.append(f"(t*{count}|)*{run}" if run > 1 else f"t*{count}|")
+    return f"Et*{counts[0]}|{''.join(middle)}t*{counts[-1]}L"
+
+
 def _parallel_args(spec: LaunchSpec) -> list[str]:
     layout = spec.layout
     args = [f"--tensor-model-parallel-size={layout.tp}", f"--pipeline-model-parallel-size={layout.pp}",
             f"--context-parallel-size={layout.cp}"]
-    if layout.vpp > 1:
+    uneven = pipeline_layout(spec.job.model.layers, layout.pp, layout.vpp)
+    if uneven is not None:  # it sets the virtual stages too (validate_args: no other vpp flag beside it)
+        args.append(f"--pipeline-model-parallel-layout={uneven}")
+    elif layout.vpp > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank={layout.vpp}")
     if layout.sequence_parallel and layout.tp > 1:
         args.append("--sequence-parallel")

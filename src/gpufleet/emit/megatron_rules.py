@@ -7,6 +7,7 @@ file it lives in is cited beside it. Each broken rule is one problem naming the 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 TAG = "Megatron-LM core_v0.16.1"
@@ -61,6 +62,15 @@ def fsdp_rules(name: str, args: dict[str, Any]) -> list[str]:
     return found
 
 
+def layout_chunks(layout: str) -> int:
+    """Model chunks in a --pipeline-model-parallel-layout ('|'-separated after unrolling '(...)*n' and 'x*n', commas
+    cosmetic: megatron-core core_v0.16.1 PipelineParallelLayerLayout.parse_str_to_list)."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+    return text.count("|") + 1
+
+
 def parallel_rules(name: str, args: dict[str, Any]) -> list[str]:
     """Context, sequence and (virtual) pipeline parallelism preconditions of validate_args."""
     found = []
@@ -76,6 +86,14 @@ def parallel_rules(name: str, args: dict[str, Any]) -> list[str]:
         found.append(f"{name}: --sequence-parallel with --tensor-model-parallel-size 1: Megatron-LM turns it off "
                      f"(it splits along the tensor-parallel group); drop it or raise tp ({ARGUMENTS})")
     vpp = _int(args, "num_virtual_stages_per_pipeline_rank")
+    layout = args.get("pipeline_model_parallel_layout")
+    if isinstance(layout, str) and pp >= 1:
+        chunks = layout_chunks(layout)
+        if chunks % pp:
+            found.append(f"{name}: --pipeline-model-parallel-layout has {chunks} chunks, not a multiple of "
+                         f"--pipeline-model-parallel-size {pp} ({ARGUMENTS})")
+        elif chunks > pp:
+            vpp = chunks // pp
     if vpp is not None and _int(args, "num_layers_per_virtual_pipeline_stage") is not None:
         found.append(f"{name}: give one of --num-virtual-stages-per-pipeline-rank and "
                      f"--num-layers-per-virtual-pipeline-stage ({ARGUMENTS})")
@@ -86,7 +104,9 @@ def parallel_rules(name: str, args: dict[str, Any]) -> list[str]:
         found.append(f"{name}: the interleaved schedule needs --pipeline-model-parallel-size ≥ {least}"
                      f"{' with --no-overlap-p2p-communication (drop it for ≥ 2)' if no_overlap else ''}; given {pp}, "
                      f"or drop the virtual stages ({ARGUMENTS})")
-    if layers is not None and pp > 1 and layers % pp and "decoder_first_pipeline_num_layers" not in args:
+    uneven_flags = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                    "pipeline_model_parallel_layout")
+    if layers is not None and pp > 1 and layers % pp and not any(flag in args for flag in uneven_flags):
         found.append(f"{name}: --num-layers {layers} is not divisible by --pipeline-model-parallel-size {pp} "
                      f"({ARGUMENTS})")
     return found

@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from gpufleet.emit.megatron_rules import NOT_FLAGS, file_rules
+from gpufleet.emit.megatron_rules import NOT_FLAGS, file_rules, layout_chunks
 from gpufleet.emit.read import ReadConfig, _silenced, one_line, skipped
 from gpufleet.extras import MissingExtraError, require_extra
 
@@ -123,6 +123,9 @@ def _stated(found: ReadConfig, args: dict[str, Any]) -> None:
     for degree, dest in flags.items():
         if isinstance(_value(args.get(dest)), int):
             found.degrees[degree] = _value(args[dest])
+    layout, pp = args.get("pipeline_model_parallel_layout"), found.degrees.get("pp", 1)
+    if isinstance(layout, str) and pp >= 1 and layout_chunks(layout) % pp == 0:
+        found.degrees["vpp"] = layout_chunks(layout) // pp  # the layout sets the virtual stages
     for attr, dest in (("micro_batch", "micro_batch_size"), ("global_batch", "global_batch_size"),
                        ("seq_len", "seq_length")):
         if isinstance(_value(args.get(dest)), int):

@@ -80,7 +80,8 @@ def titan_split(layers: int, pp: int, vpp: int) -> TitanSplit:
     chunks of `layers` over pp ranks x vpp chunks; explicit module lists where none does."""
     planned, stages, interleaved = chunk_layer_counts(layers, pp * vpp), pp * vpp, vpp > 1
     default = TITAN_DEFAULT_LESS_LAYERS
-    weights = sorted(((a, b) for a in range(planned[0] + 1) for b in range(planned[-1] + 1)),
+    most = max(planned) + 1  # a weight above torchtitan's layers per stage is refused
+    weights = sorted(((a, b) for a in range(most + 1) for b in range(most + 1)),
                      key=lambda w: (w != (default, default), abs(w[0] - default) + abs(w[1] - default), w))
     for first_less, last_less in weights:
         if titan_chunk_layer_counts(stages, layers, first_less, last_less) != planned:
