@@ -11,11 +11,19 @@ the catalog, the emitters and every CLI command in process. `scripts/test` (what
 
 The markers are assigned here, by module and by test name, so that one table says what each tier holds; a test
 file may add its own as well.
+
+Hypothesis runs without deadlines (the `gpufleet` profile below): a property test's examples take what they take on
+a loaded 2-core machine, and hypothesis's default 200 ms deadline would fail a correct test there. A test's own
+`@settings(...)` that names no deadline inherits the profile's None.
 """
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+hypothesis_settings.register_profile("gpufleet", deadline=None)
+hypothesis_settings.load_profile("gpufleet")
 
 TIER_MARKERS = ("server", "torchrun", "browser", "framework", "slow")
 FAST_TIER = "not (" + " or ".join(TIER_MARKERS) + ")"
