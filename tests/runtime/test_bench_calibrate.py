@@ -61,15 +61,16 @@ def gemm_json(tmp_path: Path, fraction: float, half: float = 128) -> Path:
     for m, n, k in itertools.product(SIZES, SIZES[1:], SIZES[2:]):
         flops = PEAK * curve(fraction, half, m, n, k)
         rows.append({"shape": "x", "m": m, "n": n, "k": k, "dtype": "bf16", "time_s": 2 * m * n * k / flops,
-                     "tflops": flops / 1e12})
+                     "tflops": flops / 1e12, "device": "synthetic"})
     path = tmp_path / "gemm.json"
-    path.write_text(json.dumps({"rows": rows}))
+    path.write_text(json.dumps({"kind": "gemm", "model": "synthetic", "tokens": max(SIZES), "tp": 1, "rows": rows}))
     return path
 
 
 def test_profile_is_the_catalog_schema_with_provenance(tmp_path: Path) -> None:
     memory = tmp_path / "memory.json"
-    memory.write_text(json.dumps({"size_bytes": 2**30, "time_s": 1.0, "bandwidth_gbps": 2680.0}))  # 0.8 of 3.35 TB/s
+    memory.write_text(json.dumps({"size_bytes": 2**30, "time_s": 1.0, "bandwidth_gbps": 2680.0,  # 0.8 of 3.35 TB/s
+                                  "device": "cuda:0"}))
     out = tmp_path / "h100.yaml"
     result = run_gpufleet("calibrate", "--gpu", "h100-sxm", "--from", str(gemm_json(tmp_path, 0.5)),
                           "--from", str(memory), "--out", str(out), "--json")

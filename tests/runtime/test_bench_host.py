@@ -46,8 +46,10 @@ def test_cli_json_shape(tmp_path: Path) -> None:
 
 def host_json(tmp_path: Path, seconds: float) -> Path:
     path = tmp_path / f"host-{seconds}.json"
-    path.write_text(json.dumps({"host_s_per_kernel": seconds, "by_op": {"index": {"host_s_per_kernel": seconds}},
-                                "device": "cuda:0", "repeats": 5}))
+    row = {"host_s_per_kernel": seconds, "device_s_per_kernel": seconds / 2, "device_kernels_per_s": 2 / seconds,
+           "repeats_s": [seconds] * 5}  # a whole `bench host --json` document (bench_file.HostBench)
+    path.write_text(json.dumps({"kind": "host", "host_s_per_kernel": seconds, "by_op": {"index": row},
+                                "device": "cuda:0", "repeats": 5, "iters": 2000, "autograd": True}))
     return path
 
 
@@ -103,7 +105,7 @@ def test_a_profile_without_the_field_plans_as_the_recorded_fit(tmp_path: Path) -
     assert moe_host_by_layout("--calibration", str(profile)) == moe_host_by_layout()
 
 
-@pytest.mark.parametrize(("value", "says"), [(0.0, "positive"), (-1e-6, "positive"), ("16us", "number"),
+@pytest.mark.parametrize(("value", "says"), [(0.0, "greater than 0"), (-1e-6, "greater than 0"), ("16us", "number"),
                                              (float("inf"), "finite")])
 def test_a_bad_figure_is_one_line_and_writes_nothing(tmp_path: Path, value: object, says: str) -> None:
     bad = tmp_path / "bad.json"

@@ -9,6 +9,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.bench_file import (
+    CollectiveRow,
+    CollectivesBench,
+    DiskBench,
+    DiskRow,
+    GemmBench,
+    GemmRow,
+    HostBench,
+    MemoryBench,
+)
 from gpufleet.cli.common import CatalogOption, JsonOption, open_catalog
 from gpufleet.cli.output import Output
 from gpufleet.units import format_bytes
@@ -75,8 +85,8 @@ def collectives_command(
         cluster = expected_cluster(lambda: open_catalog(catalog), node, network, ranks, oversubscription)
         rows = bench_collectives(dist, CollectivesRequest(chosen, sizes, iters, warmup, cluster))
         if dist.get_rank() == 0:
-            data = {"ranks": dist.get_world_size(), "backend": dist.get_backend(),
-                    "rows": [row.as_json() for row in rows]}
+            data = CollectivesBench(ranks=dist.get_world_size(), backend=dist.get_backend(),
+                                    rows=[CollectiveRow(**row.as_json()) for row in rows]).model_dump(mode="json")
             Output(json_mode=json_out).emit(data, _render_collectives(data["rows"], data["ranks"], data["backend"]))
     finally:
         dist.destroy_process_group()
@@ -114,8 +124,8 @@ def gemm_command(
     spec = open_catalog(catalog).model(model)
     peaks = {name: _peak_flops(catalog, gpu, name) for name in names}
     rows = bench_gemm(model_gemm_shapes(spec, tokens, tp), names, iters, warmup)
-    data: dict[str, Any] = {"model": model, "tokens": tokens, "tp": tp, "gpu": gpu,
-            "rows": [row.as_json(peaks[row.dtype]) for row in rows]}
+    data = GemmBench(model=model, tokens=tokens, tp=tp, gpu=gpu,
+                     rows=[GemmRow(**row.as_json(peaks[row.dtype])) for row in rows]).model_dump(mode="json")
 
     def render(console: Console) -> None:
         table = Table(title=f"{model} GEMMs, {tokens} tokens, tp {tp}", title_justify="left")
@@ -150,9 +160,10 @@ def memory_command(
 
     peak = open_catalog(catalog).gpu(gpu).hbm_bytes_per_s if gpu else None
     row = bench_memory(bench_bytes(size, "--size"), iters)
-    data = {"size_bytes": row.size_bytes, "time_s": row.time_s, "bandwidth_gbps": row.bytes_per_s / 1e9,
-            "peak_gbps": peak / 1e9 if peak else None,
-            "fraction_of_peak": row.bytes_per_s / peak if peak else None, "device": row.device}
+    data = MemoryBench(size_bytes=row.size_bytes, time_s=row.time_s, bandwidth_gbps=row.bytes_per_s / 1e9,
+                       peak_gbps=peak / 1e9 if peak else None,
+                       fraction_of_peak=row.bytes_per_s / peak if peak else None,
+                       device=row.device).model_dump(mode="json")
 
     def render(console: Console) -> None:
         shown = f" ({data['fraction_of_peak']:.1%} of {gpu}'s HBM)" if peak else ""
@@ -180,9 +191,9 @@ def disk_command(
 
     sizes_bytes = disk_sizes(sizes)
     rows = bench_disk(path, sizes_bytes, repeats)
-    data: dict[str, Any] = {"path": str(path), "rows": [
-        {"size_bytes": row.size_bytes, "write_s": row.write_s, "write_gbps": row.write_bytes_per_s / 1e9,
-         "read_s": row.read_s, "read_gbps": row.read_bytes_per_s / 1e9} for row in rows]}
+    data = DiskBench(path=str(path), rows=[
+        DiskRow(size_bytes=row.size_bytes, write_s=row.write_s, write_gbps=row.write_bytes_per_s / 1e9,
+                read_s=row.read_s, read_gbps=row.read_bytes_per_s / 1e9) for row in rows]).model_dump(mode="json")
 
     def render(console: Console) -> None:
         table = Table(title=f"disk at {path} (GB/s = 10^9 B/s; write includes fsync)", title_justify="left")
@@ -219,7 +230,7 @@ def host_command(
     from gpufleet.runtime.bench.host import bench_host, parse_op_kinds
 
     result = bench_host(parse_op_kinds(ops), iters, warmup, repeats, autograd)
-    data = result.as_json()
+    data = HostBench.model_validate(result.as_json()).model_dump(mode="json")
 
     def render(console: Console) -> None:
         table = Table(title=f"host launch cost on {result.device}, median of {repeats} × {iters} ops"

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from gpufleet import __version__
+from gpufleet.bench_file import CollectivesBench, GemmBench, HostBench, MemoryBench, read_bench_result
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import InputError
@@ -56,75 +57,42 @@ def _load_json(path: Path) -> Any:
     return load_json(path, "bench result", "give the output of a `gpufleet bench ... --json` command")
 
 
-def _kind(data: Any) -> str:
-    """Which bench wrote this JSON."""
-    if isinstance(data, dict) and "host_s_per_kernel" in data and "by_op" in data:
-        return "host"
-    if isinstance(data, dict) and "bandwidth_gbps" in data:
-        return "memory"
-    rows = data.get("rows") if isinstance(data, dict) else None
-    first = rows[0] if isinstance(rows, list) and rows and isinstance(rows[0], dict) else {}
-    for kind, key in (("gemm", "tflops"), ("collectives", "busbw_gbps"), ("disk", "write_gbps")):
-        if key in first:
-            return kind
-    return "unknown"
-
-
-def _collective_points(data: Any) -> list[Any]:
+def _collective_points(data: CollectivesBench) -> list[Any]:
     """A `bench collectives --json` output as measured points (rows of one rank, or sizes without traffic, skipped)."""
     from gpufleet.catalog.calibration import MeasuredCollective
 
     points = []
-    for row in data["rows"]:
-        ranks, per_node = int(row.get("ranks", data.get("ranks", 1))), row.get("ranks_per_node")
-        if ranks < 2 or not float(row["busbw_gbps"]) > 0:
+    for row in data.rows:
+        if row.ranks < 2 or not row.busbw_gbps > 0:
             continue
-        if per_node is None:
+        if row.ranks_per_node is None:
             raise InputError("a collectives row has no ranks_per_node (written by an older gpufleet): rerun bench "
                              "collectives")
-        points.append(MeasuredCollective(op=row["collective"], size_bytes=float(row["size_bytes"]), ranks=ranks,
-                                         ranks_per_node=int(per_node), busbw_gbytes_per_s=float(row["busbw_gbps"])))
+        points.append(MeasuredCollective(op=row.collective, size_bytes=float(row.size_bytes), ranks=row.ranks,
+                                         ranks_per_node=row.ranks_per_node, busbw_gbytes_per_s=row.busbw_gbps))
     return points
 
 
 def measurements_from(paths: list[Path]) -> Any:
-    from pydantic import ValidationError
-
+    """The measurements in `bench ... --json` files (bench_file.py's schemas, one line naming a bad field)."""
     from gpufleet.runtime.bench.calibrate import GemmPoint, Measurements
 
     gemm, memory, notes, collectives, disk, host = [], None, [], [], None, None
     for path in paths:
-        data = _load_json(path)
-        kind = _kind(data)
-        if kind == "host":  # checked on its own: its one error line names the field
-            host = _host_figure(data, path)
-            continue
-        try:
-            if kind == "gemm":
-                gemm += [GemmPoint(int(r["m"]), int(r["n"]), int(r["k"]), str(r["dtype"]), float(r["tflops"]) * 1e12)
-                         for r in data["rows"]]
-            elif kind == "memory":
-                memory = float(data["bandwidth_gbps"]) * 1e9
-            elif kind == "collectives":
-                collectives += _collective_points(data)
-            elif kind == "disk":
-                largest = max(data["rows"], key=lambda r: r["size_bytes"])
-                disk = float(largest["write_gbps"]) * 1e9
-                notes.append(f"disk ({path.name}): read {largest['read_gbps']:.4g} GB/s at {largest['size_bytes']} B")
-            else:
-                raise InputError(f"{path} is not the --json output of bench gemm, memory, collectives, disk or host")
-        except (KeyError, TypeError, ValueError, ValidationError) as error:
-            detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else error
-            raise InputError(f"{path}: a {kind} bench row lacks a field or a number ({detail})") from None
+        data = read_bench_result(_load_json(path), str(path))
+        if isinstance(data, HostBench):
+            host = data.host_s_per_kernel
+        elif isinstance(data, GemmBench):
+            gemm += [GemmPoint(r.m, r.n, r.k, r.dtype, r.tflops * 1e12) for r in data.rows]
+        elif isinstance(data, MemoryBench):
+            memory = data.bandwidth_gbps * 1e9
+        elif isinstance(data, CollectivesBench):
+            collectives += _collective_points(data)
+        else:
+            largest = max(data.rows, key=lambda r: r.size_bytes)
+            disk = largest.write_gbps * 1e9
+            notes.append(f"disk ({path.name}): read {largest.read_gbps:.4g} GB/s at {largest.size_bytes} B")
     return Measurements(gemm, memory, notes, collectives, disk, host)
-
-
-def _host_figure(data: dict[str, Any], path: Path) -> float:
-    """A `bench host --json` output's host seconds per kernel (a positive, finite number)."""
-    value = data["host_s_per_kernel"]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise InputError(f"{path}: host_s_per_kernel must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
 
 
 def measure_here(catalog: Catalog, model: str | None, tokens: int, tp: int, dtype: str) -> Any:

@@ -7,15 +7,19 @@ with."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from gpufleet.bench_file import GemmBench, HostBench, MemoryBench, read_bench_result
+from gpufleet.errors import InputError
 from gpufleet.runtime.burnin.config import MODEL_ID
 from gpufleet.runtime.gpucheck import proc
 from gpufleet.runtime.gpucheck.burnin_check import DRY_RUN
 from gpufleet.runtime.gpucheck.machine import Context
 from gpufleet.runtime.gpucheck.results import Outcome, Status
+
+R = TypeVar("R", GemmBench, MemoryBench, HostBench)
 
 #: What the GPU path benches: a real model's GEMMs at a training micro-batch's tokens, and a copy of 2 GiB.
 GPU_MODEL, GPU_TOKENS, GPU_COPY = "llama3-8b", 4096, "2GiB"
@@ -36,7 +40,7 @@ def tiny_catalog(ctx: Context) -> Path:
     return path
 
 
-def _gemm(ctx: Context, dtype: str) -> dict[str, Any]:
+def _gemm(ctx: Context, dtype: str) -> GemmBench:
     shape = (["--catalog", str(tiny_catalog(ctx)), "--model", MODEL_ID, "--tokens", str(DRY_TOKENS), "--iters", "3",
               "--warmup", "1"] if ctx.dry else ["--model", GPU_MODEL, "--tokens", str(GPU_TOKENS)])
     work = ctx.work(f"bench-gemm-{dtype}")
@@ -44,22 +48,30 @@ def _gemm(ctx: Context, dtype: str) -> dict[str, Any]:
                     ctx.env, ctx.left_s(), "gemm")
     (work / "gemm.json").write_text(done.stdout)
     ctx.artifacts.setdefault("calibrate_from", []).append(work / "gemm.json")
-    return proc.json_document(done.stdout)
+    return _read(done.stdout, "bench gemm", GemmBench)
 
 
-def gemm_outcome(ctx: Context, dtype: str, data: dict[str, Any]) -> Outcome:
-    rows = data["rows"]
-    best = max(rows, key=lambda row: row["tflops"])
-    numbers: dict[str, Any] = {"model": data["model"], "tokens": data["tokens"], "device": best["device"],
-                               "peak_tflops": best["peak_tflops"], "best_tflops": best["tflops"],
-                               "best_fraction_of_peak": best["fraction_of_peak"],
-                               "rows": {row["shape"]: round(row["tflops"], 4) for row in rows}}
+def _read(stdout: str, what: str, kind: type[R]) -> R:
+    """The bench's --json document, checked against its schema (bench_file.py)."""
+    data = read_bench_result(proc.json_document(stdout), f"{what}'s --json output")
+    if not isinstance(data, kind):
+        raise InputError(f"{what} wrote a {data.kind} bench result")
+    return data
+
+
+def gemm_outcome(ctx: Context, dtype: str, data: GemmBench) -> Outcome:
+    rows = data.rows
+    best = max(rows, key=lambda row: row.tflops)
+    numbers: dict[str, Any] = {"model": data.model, "tokens": data.tokens, "device": best.device,
+                               "peak_tflops": best.peak_tflops, "best_tflops": best.tflops,
+                               "best_fraction_of_peak": best.fraction_of_peak,
+                               "rows": {row.shape: round(row.tflops, 4) for row in rows}}
     if ctx.dry:
-        return Outcome("pass", f"{len(rows)} {dtype} shapes on the CPU, best {best['tflops']:.3g} TFLOP/s (no floor: "
+        return Outcome("pass", f"{len(rows)} {dtype} shapes on the CPU, best {best.tflops:.3g} TFLOP/s (no floor: "
                        f"{ctx.gpu} is a stand-in, not this device)", numbers)
-    fraction = best["fraction_of_peak"] or 0.0
+    fraction = best.fraction_of_peak or 0.0
     verdict: Status = "pass" if fraction >= GEMM_FLOOR[dtype] else "fail"
-    return Outcome(verdict, f"best {best['tflops']:.0f} TFLOP/s = {fraction:.1%} of {ctx.gpu}'s dense {dtype} peak "
+    return Outcome(verdict, f"best {best.tflops:.0f} TFLOP/s = {fraction:.1%} of {ctx.gpu}'s dense {dtype} peak "
                    f"(floor {GEMM_FLOOR[dtype]:.0%})", numbers)
 
 
@@ -81,14 +93,14 @@ def memory_step(ctx: Context) -> Outcome:
                     "memory")
     (work / "memory.json").write_text(done.stdout)
     ctx.artifacts.setdefault("calibrate_from", []).append(work / "memory.json")
-    data = proc.json_document(done.stdout)
-    numbers = {key: data[key] for key in ("device", "size_bytes", "bandwidth_gbps", "peak_gbps", "fraction_of_peak")}
+    data = _read(done.stdout, "bench memory", MemoryBench)
+    numbers = data.model_dump(include={"device", "size_bytes", "bandwidth_gbps", "peak_gbps", "fraction_of_peak"})
     if ctx.dry:
-        return Outcome("pass", f"copy {data['bandwidth_gbps']:.3g} GB/s on the CPU (no floor: {ctx.gpu} is a "
+        return Outcome("pass", f"copy {data.bandwidth_gbps:.3g} GB/s on the CPU (no floor: {ctx.gpu} is a "
                        "stand-in)", numbers)
-    fraction = data["fraction_of_peak"] or 0.0
+    fraction = data.fraction_of_peak or 0.0
     verdict: Status = "pass" if fraction >= HBM_FLOOR else "fail"
-    return Outcome(verdict, f"copy {data['bandwidth_gbps']:.0f} GB/s = {fraction:.1%} of {ctx.gpu}'s HBM "
+    return Outcome(verdict, f"copy {data.bandwidth_gbps:.0f} GB/s = {fraction:.1%} of {ctx.gpu}'s HBM "
                    f"(floor {HBM_FLOOR:.0%})", numbers)
 
 
@@ -97,9 +109,7 @@ def host_step(ctx: Context) -> Outcome:
     done = proc.run(proc.gpufleet("bench", "host", "--json"), work, ctx.env, ctx.left_s(), "host")
     (work / "host.json").write_text(done.stdout)
     ctx.artifacts.setdefault("calibrate_from", []).append(work / "host.json")
-    data = proc.json_document(done.stdout)
-    per_kernel = float(data["host_s_per_kernel"])
-    return Outcome("pass", f"{per_kernel * 1e6:.2f} µs of host time per launched kernel ({data['device']})",
-                   {"host_s_per_kernel": per_kernel, "device": data["device"],
-                    "by_op_us": {op: round(float(row["host_s_per_kernel"]) * 1e6, 3)
-                                 for op, row in data["by_op"].items()}})
+    data = _read(done.stdout, "bench host", HostBench)
+    return Outcome("pass", f"{data.host_s_per_kernel * 1e6:.2f} µs of host time per launched kernel ({data.device})",
+                   {"host_s_per_kernel": data.host_s_per_kernel, "device": data.device,
+                    "by_op_us": {op: round(row.host_s_per_kernel * 1e6, 3) for op, row in data.by_op.items()}})
