@@ -64,6 +64,9 @@ def jobs(draw: st.DrawFn) -> tuple[Job, Cluster, StepOptions]:
         tp_async_backward=draw(st.booleans()), dp_overlap=draw(st.booleans()), moe_dropless=draw(st.booleans()),
         fused_elementwise=draw(st.booleans()), ep_comm_overlap=draw(st.booleans()),
         ep_dispatch=draw(st.sampled_from(["all-to-all", "dedup"])),
+        # the FP8 amax wait (a floor term since it is the pipeline times a share of dp): on, off, and a wide spread
+        fp8_recipe=draw(st.sampled_from(["delayed", "current"])),
+        fp8_amax_sync_sigma=draw(st.sampled_from([None, 0.2])),
         memory=MemoryAssumptions(selective_policy=draw(st.sampled_from(["attention", "op"])),
                                  tp_gathered_inputs=draw(st.booleans()), flash_attention=draw(st.booleans())))
     return job, Cluster(gpu, node, gpus, fabric), options

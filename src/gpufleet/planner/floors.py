@@ -7,11 +7,12 @@ exactly the layouts the exhaustive one does.
 
 `StepFloor`: a step is the pipeline (m·slowest stage + bubble: `StepEstimate.pipeline_s`) plus what data-parallel
 synchronisation leaves exposed, the optimizer, a fixed overhead and per-step terms that are never negative (FSDP2's
-copies, waiting for the slowest GPU, compute slowed under hidden collectives). Every transformer layer costs the
-same per micro-batch (compute, recompute, TP, CP and EP communication, MoE host launches) whatever the pipeline
-depth, data-parallel degree or sharding, as long as tp, cp, ep, the expert TP degree, the micro-batch, sequence
-parallelism and the recompute mode are the same. So one estimate of a one-stage pipeline with those degrees gives S,
-the time one micro-batch takes through all layers and the output head, and for any such layout
+copies, waiting for the slowest GPU, compute slowed under hidden collectives), and FP8 delayed scaling's amax wait: the
+pipeline times a share that depends on dp alone, so the floor carries it as floor x (1 + share). Every transformer layer
+costs the same per micro-batch (compute, recompute, TP, CP and EP communication, MoE host launches) whatever the
+pipeline depth, data-parallel degree or sharding, as long as tp, cp, ep, the expert TP degree, the micro-batch, sequence
+parallelism and the recompute mode are the same. So one estimate of a one-stage pipeline with those degrees gives S, the
+time one micro-batch takes through all layers and the output head, and for any such layout
 
     step >= m·slowest + (pp - 1)/vpp · mean + overhead >= (m + (pp - 1)/vpp) · S/pp + overhead,
 
@@ -33,7 +34,8 @@ from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import DEFAULT_ORDER, Layout, expert_parallel_degrees, micro_batches_per_step
 from gpufleet.perf.compute import LayerCompute, logits_compute_s
-from gpufleet.perf.step import StepOptions, pipeline_seconds
+from gpufleet.perf.dp_scaling import amax_sync_fraction
+from gpufleet.perf.step import StepOptions, amax_over_replicas, pipeline_seconds
 from gpufleet.perf.step_context import shared_layer_compute
 from gpufleet.workload.job import Job
 
@@ -71,7 +73,15 @@ class StepFloor:
             found = self._per_micro_batch[key] = self._one_stage(layout, etp)
         through_all_layers_s, overhead_s = found
         m = micro_batches_per_step(layout, self.job.global_batch)
-        return (m + (layout.pp - 1) / layout.vpp) * (through_all_layers_s / layout.pp) + overhead_s
+        pipeline_floor_s = (m + (layout.pp - 1) / layout.vpp) * (through_all_layers_s / layout.pp)
+        return pipeline_floor_s * (1 + self._amax_fraction(layout.dp)) + overhead_s
+
+    def _amax_fraction(self, dp: int) -> float:
+        """The FP8 amax wait's share of the pipeline (perf/dp_scaling.py amax_sync_fraction): the step adds
+        pipeline_s x this, and pipeline_s is at least the pipeline floor; 0 where the step adds none."""
+        if self.job.precision != "fp8" or not amax_over_replicas(self.options):
+            return 0.0
+        return amax_sync_fraction(dp, self.options.resolved_fp8_amax_sync_sigma)
 
     def _one_stage(self, layout: Layout, etp: int) -> tuple[float, float]:
         """(S, overhead): one micro-batch through every layer and the head, and the fixed per-step overhead."""
