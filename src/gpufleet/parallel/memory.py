@@ -63,6 +63,14 @@ TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
 GIB = 2**30
 
 
+#: MemoryAssumptions' numeric fields and the range each may take (judgement: well beyond any framework's figure,
+#: which are 6-12 bytes per logit, 12-16 per parameter, 1e7-1e9 bucket elements and a few GiB fixed, so that only a
+#: value no framework has is refused)
+_NUMBER_BOUNDS = (("optimizer_bytes_per_param", 0.0, 64.0), ("logits_bytes_per_element", 1.0, 64.0),
+                  ("dp_bucket_elements", 1.0, 1e12), ("overhead_fixed_bytes", 0.0, 2.0**40),
+                  ("overhead_fraction", 0.0, 0.99))
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryAssumptions:
     """Judgement calls of the memory model, gathered so that callers and tests can vary them.
@@ -100,6 +108,13 @@ class MemoryAssumptions:
     #: the overhead allowance (catalog constant fits memory-overhead-fixed-gib and memory-overhead-fraction)
     overhead_fixed_bytes: float | None = None
     overhead_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, low, high in _NUMBER_BOUNDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not low <= value <= high):
+                raise InputError(f"options.memory.{name} must be a number from {low:g} to {high:g}, got {value!r}")
 
     @property
     def judged(self) -> Judgements:

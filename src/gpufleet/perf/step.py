@@ -21,6 +21,7 @@ from gpufleet.catalog.stacks import (
     MoeExpertKernels,
     RecomputeEarlyStop,
 )
+from gpufleet.errors import InputError
 from gpufleet.fabric.collectives import Op
 from gpufleet.fabric.placement import Placement
 from gpufleet.fabric.topology import Cluster
@@ -55,6 +56,11 @@ __all__ = ["Part", "StepEstimate", "StepOptions", "estimate_step", "pipeline_sec
 #: Mixed-precision Adam update traffic per parameter: fp32 grad read (4), master, m, v read+write (24),
 #: bf16 weight write (2).
 OPTIMIZER_BYTES_PER_PARAM = 30
+
+
+#: StepOptions' numeric fields and the least value each may take (a multiplier of at least 1, the rest not negative)
+_NUMBER_FLOORS = (("ep_imbalance", 1.0), ("step_overhead_s", 0.0), ("straggler_sigma", 0.0),
+                  ("overlap_slowdown", 0.0), ("fp8_amax_sync_sigma", 0.0), ("loss_bytes_per_logit", 0.0))
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,11 @@ class StepOptions:
     pp_p2p_overlap: bool = True
 
     def __post_init__(self) -> None:
+        for name, least in _NUMBER_FLOORS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value) or value < least):
+                raise InputError(f"options.{name} must be a finite number of at least {least:g}, got {value!r}")
         if self.judgements is not None and self.memory.judgements is not self.judgements:
             object.__setattr__(self, "memory", replace(self.memory, judgements=self.judgements))
 

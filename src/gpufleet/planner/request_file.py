@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 from gpufleet import __version__
-from gpufleet.errors import InputError
+from gpufleet.errors import InputError, describe_validation_error
 from gpufleet.planfile import header
 from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.plan import PlanRequest
@@ -39,8 +42,8 @@ def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "req
             value = LayoutPins.from_saved(value, f"{where}.{name}")
         elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
             value = request_from_dict(value, hint, f"{where}.{name}")
-        elif isinstance(value, list):
-            value = tuple(value)
+        else:
+            value = _typed(tuple(value) if isinstance(value, list) else value, hint, f"{where}.{name}")
         values[name] = value
     try:
         return cls(**values)
@@ -51,3 +54,17 @@ def request_from_dict(data: Any, cls: type[Any] = PlanRequest, where: str = "req
 def saved_header(request: PlanRequest) -> dict[str, Any]:
     """The keys that make a `plan --json` file readable by `gpufleet report`."""
     return header(request_to_dict(request), __version__)
+
+
+@functools.lru_cache(maxsize=256)
+def _adapter(hint: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(hint, config=ConfigDict(strict=True, allow_inf_nan=False))
+
+
+def _typed(value: Any, hint: Any, where: str) -> Any:
+    """`value` as the field's type allows it (strict: a bool is not a number, a string not a bool; numbers finite;
+    a literal one of its values), else one InputError naming the field."""
+    try:
+        return _adapter(hint).validate_python(value)
+    except ValidationError as error:
+        raise InputError(f"{where}: {describe_validation_error(error)}") from None

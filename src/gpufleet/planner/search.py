@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from gpufleet.catalog.calibration import CalibrationProfile
 from gpufleet.catalog.records import NodeSpec
-from gpufleet.errors import LayoutError
+from gpufleet.errors import InputError, LayoutError
 from gpufleet.fabric.topology import Cluster
 from gpufleet.parallel.layout import (
     RECOMPUTES,
@@ -59,6 +59,18 @@ class SearchSpace:
     expert_parallel: bool = True
     #: the sharding kinds the framework combines with pipeline parallelism (None: every kind in `shardings`)
     pp_shardings: tuple[Sharding, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Degrees the search can try: each list non-empty, each degree a whole number of at least 1."""
+        for name in ("micro_batches", "vpps", "cps", "shardings", "recomputes", "expert_tps"):
+            if not getattr(self, name):
+                raise InputError(f"search_space.{name} must list at least one value")
+        given = [("micro_batches", v) for v in self.micro_batches] + [("vpps", v) for v in self.vpps] + [
+            ("cps", v) for v in self.cps] + [("expert_tps", v) for v in self.expert_tps if v is not None] + (
+            [("max_tp", self.max_tp)] if self.max_tp is not None else [])
+        for name, value in given:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"search_space.{name} must be whole numbers of at least 1, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
