@@ -19,6 +19,7 @@ from gpufleet.errors import GpufleetError, InfeasibleError, InputError, NoLegalL
 from gpufleet.fabric.topology import Cluster, Fabric, TopologyKind
 from gpufleet.parallel.layout import Layout
 from gpufleet.perf.step import StepOptions, estimate_step, run_time_s
+from gpufleet.planner.input_sense import check_pinned_tp, check_tokens_fill_a_step
 from gpufleet.planner.intervals import Interval, IntervalTable, step_interval
 from gpufleet.planner.pins import LayoutPins
 from gpufleet.planner.published_runs import stack_calibration
@@ -228,6 +229,8 @@ def make_plan(request: PlanRequest, catalog: Catalog,
     request = replace(request, options=request.options.with_judgements(catalog.judgements()))
     cluster = build_cluster(request, catalog)
     job = build_job(request, catalog)
+    check_tokens_fill_a_step(job)
+    check_pinned_tp(request.pins, job, cluster.gpus, request.search_space.max_tp or cluster.gpus_per_node)
     gpu = cluster.gpu
     gpu.peak_flops(job.precision)  # fail early on an unsupported precision
     calibration = stack_calibration(catalog.calibration(gpu.id), request.attention_kernel)
@@ -313,7 +316,7 @@ def _has_legal_layout(request: PlanRequest, catalog: Catalog, gpus: int) -> bool
     try:
         sized = replace(request, gpus=gpus)
         return next(enumerate_layouts(build_job(sized, catalog), build_cluster(sized, catalog),
-                                      request.search_space), None) is not None
+                                      request.search_space, request.pins.given()), None) is not None
     except GpufleetError:  # the count does not fit the nodes, or the job is malformed at that size
         return False
 
@@ -329,7 +332,9 @@ def describe_no_legal_layout(request: PlanRequest, catalog: Catalog, job: Job, c
     above = next((count for count in highs if _has_legal_layout(request, catalog, count)), None)
     nearest = " or ".join(str(count) for count in (below, above) if count is not None)
     max_tp = request.search_space.max_tp or cluster.gpus_per_node
-    return (f"no legal layout for this job on {n} GPUs: no split into tp (at most {max_tp}, dividing "
+    partial = (f" ({n:,} GPUs are not a whole number of {node_gpus}-GPU nodes: {cluster.gpus_per_node} on each "
+               f"of {cluster.num_nodes})" if n > node_gpus and n % node_gpus else "")
+    return (f"no legal layout for this job on {n} GPUs{partial}: no split into tp (at most {max_tp}, dividing "
             f"{job.model.heads} heads) x pp (at most {job.model.layers} layers) x cp x dp leaves a dp that divides "
             f"the global batch of {job.global_batch} sequences"
             + (f"; nearest GPU counts with a legal layout: {nearest}" if nearest else "")
