@@ -384,16 +384,33 @@ def test_sweep_plot(tmp_path: object) -> None:
     assert "llama3-8b on h100-sxm" in text and "<td>8</td>" in text and "<td>16</td>" in text
 
 
+def _held_cheapest_usd(plan: dict) -> float:
+    """The cheapest offer that holds its nodes (not spot), as the budget and the table price a run."""
+    offers = plan["cost"]["offers"]
+    held = [o["usd"] for o in offers if o["pricing"] != "spot"]
+    return min(held or [o["usd"] for o in offers])
+
+
+def test_the_cheapest_cloud_is_not_a_spot_price_without_preemptions() -> None:
+    done = gpufleet("plan", "-m", "llama3-8b", "-t", "1T", "-n", "64", "--top", "1", "--json")
+    plan = json.loads(done.stdout)["plans"][0]
+    by_name = {o["name"]: o for o in plan["cost"]["offers"]}
+    assert by_name[plan["cost"]["cheapest"]]["pricing"] != "spot"
+    assert any(o["pricing"] == "spot" and o["usd"] < _held_cheapest_usd(plan) for o in by_name.values())
+    shown = gpufleet("plan", "-m", "llama3-8b", "-t", "1T", "-n", "64", "--top", "1")
+    assert f"spot: ${min(o['usd'] for o in by_name.values() if o['pricing'] == 'spot'):,.0f}" in shown.stdout
+
+
 def test_budget_keeps_plans_within_it_or_says_the_cheapest() -> None:
     done = gpufleet("plan", "-n", "32", "--top", "3", "--json")
     assert done.returncode == 0, done.stderr
     plans = json.loads(done.stdout)["plans"]
-    cheapest = [min(o["usd"] for o in p["cost"]["offers"]) for p in plans]
+    cheapest = [_held_cheapest_usd(p) for p in plans]
     budget = sorted(cheapest)[1]  # admits some plans, not necessarily all
     within = gpufleet("plan", "-n", "32", "--top", "3", "--budget", str(budget), "--json")
     assert within.returncode == 0, within.stderr
     kept = json.loads(within.stdout)["plans"]
-    assert kept and all(min(o["usd"] for o in p["cost"]["offers"]) <= budget for p in kept)
+    assert kept and all(_held_cheapest_usd(p) <= budget for p in kept)
     assert [p["time_to_train_s"] for p in kept] == sorted(p["time_to_train_s"] for p in kept)
     broke = gpufleet("plan", "-n", "32", "--budget", "1")
     assert broke.returncode == 1

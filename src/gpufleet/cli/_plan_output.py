@@ -139,10 +139,25 @@ def render_result(console: Console, result: PlanResult) -> None:
         from gpufleet.economics.cloud import describe_skipped
 
         console.print(describe_skipped(list(skipped), cluster.gpus))
+    spot_note = _spot_note(result.plans[0]) if result.plans else None
+    if spot_note:
+        console.print(spot_note)
     for plan in result.plans:
         warning = pipeline_warning(plan)
         if warning:
             console.print(f"warning: {warning}")
+
+
+def _spot_note(plan: Plan) -> str | None:
+    """Where an interruptible offer undercuts the cheapest held one: its price, and that it assumes no preemption."""
+    econ = plan.economics
+    spot = econ.cheapest_interruptible if econ else None
+    held = econ.cheapest_offer if econ else None
+    if spot is None or held is None or spot is held or spot.usd >= held.usd:
+        return None
+    return (f"spot: {_money(spot.usd)} {spot.name} for plan #{plan.rank}, if no node is reclaimed: the goodput prices "
+            f"hardware failures, not preemption, so the cheapest cloud is the cheapest offer that holds its nodes "
+            f"(--json: cost.offers)")
 
 
 def render_explain(console: Console, plan: Plan, result: PlanResult) -> None:

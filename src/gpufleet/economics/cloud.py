@@ -10,6 +10,11 @@ from gpufleet.catalog.economics_records import CloudOffer
 from gpufleet.catalog.registry import Catalog
 from gpufleet.errors import CatalogError, InputError
 
+#: Pricing kinds whose capacity the provider reclaims at short notice. gpufleet's goodput prices hardware failures and
+#: checkpoint restarts, not reclaimed capacity, so a run's cheapest cloud price is taken among the others and these are
+#: shown beside it.
+INTERRUPTIBLE_PRICING = frozenset({"spot"})
+
 
 @dataclass(frozen=True)
 class OfferCost:
@@ -23,6 +28,11 @@ class OfferCost:
     usd_per_gpu_hour: float
     gpu_hours: float
     usd: float
+
+    @property
+    def interruptible(self) -> bool:
+        """The provider may reclaim the nodes at short notice (spot): the run's goodput does not price that."""
+        return self.pricing in INTERRUPTIBLE_PRICING
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,16 @@ class RunEconomics:
 
     @property
     def cheapest_offer(self) -> OfferCost | None:
-        return min(self.offers, key=lambda offer: offer.usd) if self.offers else None
+        """The cheapest offer whose capacity is not reclaimed at short notice (the goodput prices no preemption),
+        else the cheapest of all when only interruptible ones sell the cluster."""
+        held = [offer for offer in self.offers if not offer.interruptible]
+        return min(held or self.offers, key=lambda offer: offer.usd) if self.offers else None
+
+    @property
+    def cheapest_interruptible(self) -> OfferCost | None:
+        """The cheapest spot-like offer, shown beside `cheapest_offer`: its price assumes no preemption."""
+        spot = [offer for offer in self.offers if offer.interruptible]
+        return min(spot, key=lambda offer: offer.usd) if spot else None
 
 
 def run_economics(

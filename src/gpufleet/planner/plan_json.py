@@ -51,7 +51,10 @@ def plan_to_dict(plan: Plan, result: PlanResult) -> dict[str, Any]:
     if econ is not None:
         data["goodput"] = econ.goodput
         data["cost"] = {
-            "offers": [{"name": o.name, "usd": o.usd, "usd_per_gpu_hour": o.usd_per_gpu_hour} for o in econ.offers],
+            "offers": [{"name": o.name, "pricing": o.pricing, "usd": o.usd, "usd_per_gpu_hour": o.usd_per_gpu_hour}
+                       for o in econ.offers],
+            # the cheapest offer that holds its nodes (spot is reclaimed at short notice: its price assumes none is)
+            "cheapest": econ.cheapest_offer.name if econ.cheapest_offer else None,
             "skipped_offers": [{"name": o.name, "max_gpus": o.max_gpus, "beyond": o.beyond, "reason": o.reason}
                                for o in econ.skipped_offers],
             "onprem_usd": econ.onprem_usd,
