@@ -13,6 +13,7 @@ from gpufleet.runtime.checkpoint.errors import (
 )
 from gpufleet.runtime.checkpoint.manager import CheckpointManager, SaveStats
 from gpufleet.runtime.checkpoint.manifest import CHECKSUM, MANIFEST_NAME, FileEntry, Manifest
+from gpufleet.runtime.checkpoint.remote import StoreFileSystem, StoreRoot
 from gpufleet.runtime.checkpoint.retention import RetentionPlan, plan_retention, steps_to_delete
 from gpufleet.runtime.checkpoint.store import (
     CheckpointInfo,
@@ -35,6 +36,8 @@ __all__ = [
     "Manifest",
     "RetentionPlan",
     "SaveStats",
+    "StoreFileSystem",
+    "StoreRoot",
     "StoreUnreachableError",
     "TransferError",
     "TransferPolicy",

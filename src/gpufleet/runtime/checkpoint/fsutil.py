@@ -11,13 +11,16 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpufleet.fsio import fsync_dir, read_regular_file
 from gpufleet.runtime.checkpoint.names import SET_ASIDE_MARK, SUPERSEDED_PREFIX, TRASH_PREFIX
 
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint.remote import StoreFileSystem
 
-def is_local(fs: Any) -> bool:
+
+def is_local(fs: StoreFileSystem) -> bool:
     """Whether the fsspec file system `fs` is the local disk (where a directory rename is atomic)."""
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 

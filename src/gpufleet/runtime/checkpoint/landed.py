@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.runtime.checkpoint.manifest import FileEntry
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint.remote import StoreFileSystem
 
 _PLAIN_MD5 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -26,7 +29,8 @@ def store_md5(entry: Mapping[str, Any]) -> str | None:
     return tag if _PLAIN_MD5.match(tag) else None
 
 
-def not_landed(fs: Any, prefix: str, files: Mapping[str, FileEntry], md5_by_name: Mapping[str, str]) -> dict[str, str]:
+def not_landed(fs: StoreFileSystem, prefix: str, files: Mapping[str, FileEntry],
+               md5_by_name: Mapping[str, str]) -> dict[str, str]:
     """Which of `files` the store does not hold whole under `prefix`, by one fresh listing: name -> what is wrong
     (missing, another size, another MD5). Empty: every file is there at its size (and MD5, where both are known)."""
     fs.invalidate_cache()

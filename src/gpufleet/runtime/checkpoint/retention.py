@@ -13,13 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpufleet.runtime.checkpoint.errors import CheckpointError
 from gpufleet.runtime.checkpoint.fsutil import is_local, remove_tree
 from gpufleet.runtime.checkpoint.manifest import MANIFEST_NAME
 from gpufleet.runtime.checkpoint.names import join
 from gpufleet.runtime.checkpoint.verify import check_complete, verify_checkpoint
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint.remote import StoreFileSystem
 
 
 def steps_to_delete(steps: Iterable[int], keep_last: int, keep_every: int | None = None) -> list[int]:
@@ -49,7 +52,7 @@ class RetentionPlan:
     """No manifest (a save or a copy that never committed). Never counted; deleted only on request."""
 
 
-def plan_retention(fs: Any, checkpoints: Sequence[tuple[int, str]], keep_last: int,
+def plan_retention(fs: StoreFileSystem, checkpoints: Sequence[tuple[int, str]], keep_last: int,
                    keep_every: int | None = None, *, checksums: bool = False,
                    known_damaged: Mapping[int, list[str]] | None = None) -> RetentionPlan:
     """Sort `(step, path)` checkpoints into delete / keep / damaged / incomplete.
@@ -91,7 +94,7 @@ def plan_retention(fs: Any, checkpoints: Sequence[tuple[int, str]], keep_last: i
     return plan
 
 
-def delete_checkpoints(fs: Any, doomed: Mapping[int, str]) -> dict[int, str]:
+def delete_checkpoints(fs: StoreFileSystem, doomed: Mapping[int, str]) -> dict[int, str]:
     """Delete each checkpoint in `doomed` (step -> path) on the file system `fs`; returns step -> why for those that
     could not be deleted (an OSError: a permission refused), after still deleting the others.
 

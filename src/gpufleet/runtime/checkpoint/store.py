@@ -47,6 +47,8 @@ from gpufleet.runtime.checkpoint.verify import (
 if TYPE_CHECKING:
     from tenacity import RetryCallState
 
+    from gpufleet.runtime.checkpoint.remote import StoreFileSystem
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest multipart part
@@ -102,7 +104,7 @@ class CheckpointInfo:
     """False for a file named like a checkpoint: not one, never read, copied or deleted (`has_manifest` is False)."""
 
 
-def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+def open_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[StoreFileSystem, str]:
     """An fsspec file system and the path inside it for `url` (`s3://…`, `gs://…`, `file://…`, a path)."""
     import fsspec.core
 
@@ -165,7 +167,7 @@ def store_errors(url: str) -> Iterator[None]:
         raise CheckpointError(f"{where}: {error.strerror or error}") from error
 
 
-def _root_entries(fs: Any, root: str) -> list[tuple[str, bool]]:
+def _root_entries(fs: StoreFileSystem, root: str) -> list[tuple[str, bool]]:
     """`(name, is_folder)` of everything directly under `root`, freshly listed; none when `root` does not exist."""
     fs.invalidate_cache()
     try:
@@ -175,7 +177,7 @@ def _root_entries(fs: Any, root: str) -> list[tuple[str, bool]]:
     return [(str(entry["name"]).rstrip("/").rsplit("/", 1)[-1], entry["type"] == "directory") for entry in entries]
 
 
-def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
+def list_checkpoints(fs: StoreFileSystem, root: str) -> list[CheckpointInfo]:
     """Everything named `step_…` under `root`, oldest first (a file so named too, with `is_folder` False); other
     names are ignored."""
     found = []
@@ -188,7 +190,7 @@ def list_checkpoints(fs: Any, root: str) -> list[CheckpointInfo]:
     return sorted(found, key=lambda info: info.step)
 
 
-def list_set_aside(fs: Any, root: str) -> list[str]:
+def list_set_aside(fs: StoreFileSystem, root: str) -> list[str]:
     """What checkpoint code moved aside under `root` (`step_….set-aside-XXXXXXXX`): not checkpoints, kept whole for a
     person to review; sorted by name."""
     found = []
@@ -300,7 +302,7 @@ class _Throttle:
                 time.sleep(ahead_s)
 
 
-def copy_file(src_fs: Any, src: str, dst_fs: Any, dst: str, expected_bytes: int,
+def copy_file(src_fs: StoreFileSystem, src: str, dst_fs: StoreFileSystem, dst: str, expected_bytes: int,
               policy: TransferPolicy, throttle: _Throttle) -> str:
     """One streamed copy (multipart on object stores), checked by size; an abort discards the upload. Returns the MD5
     of the bytes sent (what a store's single-part ETag must equal: `landed.not_landed`); "" on a local disk, which
@@ -339,7 +341,8 @@ PROOF_ROUNDS = 3
 (TransferError: the uploader tries the step again later)."""
 
 
-def copy_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> Manifest:
+def copy_checkpoint(src_fs: StoreFileSystem, src: str, dst_fs: StoreFileSystem, dst: str,
+                    policy: TransferPolicy) -> Manifest:
     """Copy one committed checkpoint into `dst`, data files first and the manifest last.
 
     Before the manifest (the commit mark) is written, one fresh listing of `dst` must show every data file at its
@@ -390,7 +393,7 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _existing(fs: Any, path: str, manifest: Manifest) -> tuple[str, str | None]:
+def _existing(fs: StoreFileSystem, path: str, manifest: Manifest) -> tuple[str, str | None]:
     """What is at `path` already, as `(state, refusal)`: what installing `manifest`'s checkpoint there may do.
 
     absent; same (this checkpoint, every byte verified: nothing to do); repair (this checkpoint's manifest and nothing
@@ -428,7 +431,8 @@ def _existing(fs: Any, path: str, manifest: Manifest) -> tuple[str, str | None]:
     return ("same" if verify_checkpoint(fs, path).ok else "repair"), None
 
 
-def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> tuple[Manifest, bool]:
+def install_checkpoint(src_fs: StoreFileSystem, src: str, dst_fs: StoreFileSystem, dst: str,
+                       policy: TransferPolicy) -> tuple[Manifest, bool]:
     """Copy the committed checkpoint `src` to `dst`, never over anything but a copy of it; `(manifest, copied)`.
 
     `copied` is False when `dst` already holds this very checkpoint and every byte passes its checksum. A copy of
@@ -453,7 +457,8 @@ def install_checkpoint(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: Tra
         raise CheckpointError(f"{where}: {error.strerror or error}") from error
 
 
-def _install(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolicy) -> tuple[Manifest, bool]:
+def _install(src_fs: StoreFileSystem, src: str, dst_fs: StoreFileSystem, dst: str,
+             policy: TransferPolicy) -> tuple[Manifest, bool]:
     """`install_checkpoint`, letting an OSError through."""
     manifest = read_manifest(src_fs, src)
     state, refusal = with_retries(lambda: _existing(dst_fs, dst, manifest), f"inspect {dst}", policy)
@@ -487,7 +492,7 @@ def _install(src_fs: Any, src: str, dst_fs: Any, dst: str, policy: TransferPolic
     return manifest, True
 
 
-def _rename_into_place(fs: Any, tmp: Path, final: Path, state: str, manifest: Manifest) -> None:
+def _rename_into_place(fs: StoreFileSystem, tmp: Path, final: Path, state: str, manifest: Manifest) -> None:
     """Rename the whole copy `tmp` to `final`, which must still be as `_existing` found it (`state`).
 
     A damaged or cut-off copy at `final` goes out of the way by one rename, the new one in by the next, and the old
@@ -506,7 +511,7 @@ def _rename_into_place(fs: Any, tmp: Path, final: Path, state: str, manifest: Ma
     replace_dir(tmp, final)
 
 
-def delete_checkpoint(fs: Any, path: str) -> None:
+def delete_checkpoint(fs: StoreFileSystem, path: str) -> None:
     """Delete a checkpoint on an fsspec store: the manifest first, so it stops being complete at once."""
     with contextlib.suppress(FileNotFoundError):
         fs.rm(join(path, MANIFEST_NAME))

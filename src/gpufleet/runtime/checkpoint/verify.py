@@ -9,7 +9,7 @@ that does not answer (`reach.is_unreachable`) is raised, since it says nothing a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.runtime.checkpoint.errors import CheckpointNameError, CorruptCheckpointError
 from gpufleet.runtime.checkpoint.fsutil import is_local, read_small_file
@@ -22,6 +22,9 @@ from gpufleet.runtime.checkpoint.manifest import (
 )
 from gpufleet.runtime.checkpoint.names import join, parse_step, step_dirname
 from gpufleet.runtime.checkpoint.reach import is_unreachable
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint.remote import StoreFileSystem
 
 NOT_A_FOLDER = "not a checkpoint folder"  # a file, a broken link, a device: said alike
 READ_ERRORS = (OSError, RecursionError, ValueError)
@@ -47,7 +50,7 @@ def folder_step(path: str) -> int | None:
     return parse_step(path.rstrip("/").rsplit("/", 1)[-1])
 
 
-def _manifest_bytes(fs: Any, target: str) -> bytes:
+def _manifest_bytes(fs: StoreFileSystem, target: str) -> bytes:
     """The manifest file's bytes: a regular file of at most MAX_MANIFEST_BYTES, checked before it is read."""
     if is_local(fs):
         return read_small_file(fs._strip_protocol(target), MAX_MANIFEST_BYTES)
@@ -61,7 +64,7 @@ def _manifest_bytes(fs: Any, target: str) -> bytes:
     return data
 
 
-def read_manifest(fs: Any, path: str, *, step: int | None = None) -> Manifest:
+def read_manifest(fs: StoreFileSystem, path: str, *, step: int | None = None) -> Manifest:
     """The manifest of the checkpoint at `path`; CorruptCheckpointError if missing, unreadable or damaged.
 
     The manifest must be of `step`, by default the step the folder's name says (when it is named like one): a
@@ -99,7 +102,7 @@ def describe(error: BaseException) -> str:
     return text if len(text) <= 160 else f"{text[:160]}…"
 
 
-def _relative_entries(fs: Any, path: str) -> dict[str, dict[str, Any]]:
+def _relative_entries(fs: StoreFileSystem, path: str) -> dict[str, dict[str, Any]]:
     """Every file and folder under `path`, by its name relative to `path`, from one listing (no request per file)."""
     base = fs._strip_protocol(path).rstrip("/") + "/"
     entries = {}
@@ -110,19 +113,19 @@ def _relative_entries(fs: Any, path: str) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def _relative_listing(fs: Any, path: str) -> dict[str, int]:
+def _relative_listing(fs: StoreFileSystem, path: str) -> dict[str, int]:
     """Every file under `path` with its size in bytes."""
     return {name: int(info["size"]) for name, info in _relative_entries(fs, path).items()
             if info["type"] != "directory"}
 
 
-def _same_bytes(fs: Any, file_path: str, entry: FileEntry) -> bool:
+def _same_bytes(fs: StoreFileSystem, file_path: str, entry: FileEntry) -> bool:
     """Whether the file at `file_path` hashes to `entry`'s checksum (every byte read)."""
     with fs.open(file_path, "rb") as handle:
         return hash_stream(handle).checksum == entry.checksum
 
 
-def foreign_files(fs: Any, path: str, manifest: Manifest, *, check_bytes: bool) -> list[str]:
+def foreign_files(fs: StoreFileSystem, path: str, manifest: Manifest, *, check_bytes: bool) -> list[str]:
     """What under the folder `path` is not one of `manifest`'s files: what replacing the folder by that checkpoint
     would lose.
 
@@ -146,7 +149,8 @@ def foreign_files(fs: Any, path: str, manifest: Manifest, *, check_bytes: bool) 
     return foreign
 
 
-def verify_checkpoint(fs: Any, path: str, *, checksums: bool = True, step: int | None = None) -> VerifyReport:
+def verify_checkpoint(fs: StoreFileSystem, path: str, *, checksums: bool = True,
+                      step: int | None = None) -> VerifyReport:
     """Check the manifest (of `step`: see `read_manifest`), then every file's presence, size and (optionally)
     checksum. Never raises for what is found under `path`: every problem is in the report (see the module
     docstring); only a store that does not answer is raised."""
@@ -173,7 +177,7 @@ def _inside_name(path: str, error: BaseException) -> str:
     return filename[len(base):] if filename.startswith(base) else "."
 
 
-def _check_files(fs: Any, path: str, manifest: Manifest, report: VerifyReport, *, checksums: bool) -> None:
+def _check_files(fs: StoreFileSystem, path: str, manifest: Manifest, report: VerifyReport, *, checksums: bool) -> None:
     """Add to `report` each file of `manifest` missing under `path`, of another size or (with `checksums`) other
     bytes, and each file there that it does not list."""
     present = _relative_listing(fs, path)
@@ -200,7 +204,7 @@ def _check_files(fs: Any, path: str, manifest: Manifest, report: VerifyReport, *
         report.problems.append(f"{extra}: not listed in the manifest")
 
 
-def check_complete(fs: Any, path: str, *, step: int | None = None) -> VerifyReport:
+def check_complete(fs: StoreFileSystem, path: str, *, step: int | None = None) -> VerifyReport:
     """Whether the checkpoint at `path` is complete: the one definition `list`, `prune`, copies and retention use.
 
     Complete means the manifest is present and intact (it carries its own checksum) and names exactly the
