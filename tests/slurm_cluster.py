@@ -51,6 +51,10 @@ class SlurmCluster:
     root: Path
     hosts: list[Host]
     topology_conf: str | None = None
+    #: how long a job credential stays valid (AuthInfo cred_expire; Slurm's default, None, is 120 s). A requeued
+    #: job may start again only after it (slurmctld sets its BeginTime to now + this + 1 s), so a test that requeues
+    #: sets it short.
+    cred_expire_s: int | None = None
     pids: list[int] = field(default_factory=list)
     started_s: float = 0.0
 
@@ -155,7 +159,8 @@ class SlurmCluster:
             f"SlurmdUser={getpass.getuser()}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={root / 'munge' / 'socket'}",
+            f"AuthInfo=socket={root / 'munge' / 'socket'}"
+            + (f",cred_expire={self.cred_expire_s}" if self.cred_expire_s is not None else ""),
             f"StateSaveLocation={root / 'spool'}",
             f"SlurmdSpoolDir={root / 'spool' / '%n'}",
             f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}",

@@ -344,6 +344,57 @@ def test_time_limit_signal_saves_then_requeues(slurm64: SlurmCluster, tmp_path: 
     slurm64.run("scancel", job)
 
 
+NO_HANDLER = """\
+import os
+import pathlib
+import signal
+import time
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+# what the worker starts with: torchrun's, which it inherits from the script's srun line
+pathlib.Path(os.environ["CHECKPOINT_DIR"], f"usr1-{rank}").write_text(signal.getsignal(signal.SIGUSR1).name)
+time.sleep(600)  # a trainer with no handler (torchtitan 0.3.0): SIGUSR1 at its default ends it here
+"""
+
+
+@requires_slurm
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_time_limit_signal_reaches_a_trainer_without_a_handler(slurm64: SlurmCluster, tmp_path: Path) -> None:
+    """Every worker starts with SIGUSR1 at its default (SIG_DFL), not ignored, and torchrun outlives the signal: a
+    trainer that installs no handler ends at the time-limit signal and the job is requeued at once (it resumes from
+    its last periodic checkpoint). Under the earlier `trap "" USR1; exec torchrun` every worker started with SIG_IGN:
+    such a trainer ignored the signal and ran into the time limit, and the job was never requeued."""
+    from slurm_cluster import free_ports
+
+    train = tmp_path / "no_handler.py"
+    train.write_text(NO_HANDLER)
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    job = _submit(slurm64, _small_spec(tmp_path, train, checkpoints), tmp_path, free_ports(1)[0])
+    deadline = time.monotonic() + 240
+    while len(list(checkpoints.glob("usr1-*"))) < 4:
+        assert time.monotonic() < deadline, slurm64.logs()
+        assert slurm64.job_field(job, "JobState") in ("PENDING", "RUNNING"), slurm64.logs()
+        time.sleep(0.3)
+    assert {p.read_text() for p in checkpoints.glob("usr1-*")} == {"SIG_DFL"}
+    slurm64.run("scancel", "--batch", f"--signal={slurm.TIME_LIMIT_SIGNAL}", job)
+    signalled = time.monotonic()
+    while int(slurm64.job_field(job, "Restarts") or 0) < 1:
+        assert time.monotonic() - signalled < 60, (tmp_path / f"gpufleet-{job}.out").read_text()[-3000:]
+        time.sleep(0.3)
+    output = (tmp_path / f"gpufleet-{job}.out").read_text()
+    slurm64.run("scancel", job)
+    # torchrun lived to report its workers' end by the signal (had USR1 ended torchrun itself, srun would have
+    # reported the task killed instead)
+    assert "Signal 10 (SIGUSR1) received by PID" in output, output[-3000:]
+    exited = re.search(r"the trainer exited \((\d+)\): requeueing", output)
+    assert exited and exited.group(1) != "0", output[-3000:]  # srun's status: its tasks failed
+
+
 @pytest.fixture(scope="module")
 def slurm_nvl72(tmp_path_factory: pytest.TempPathFactory, nvl72_144: LaunchSpec) -> Iterator[SlurmCluster]:
     """36 compute trays of 4 fake GPUs (2 NVL72 racks) under the emitted rack/leaf/spine tree."""

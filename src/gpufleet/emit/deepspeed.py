@@ -3,6 +3,11 @@
 train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × dp, exactly, as DeepSpeed's own
 config class checks against the data-parallel world size. Pipeline stages are not a ds_config key: the training
 script builds `PipelineModule(num_stages=pp)` with the pp that `launch` reports.
+
+Nor is which layers are recomputed: DeepSpeed recomputes the forward of what the training script wraps in
+`deepspeed.checkpointing.checkpoint`, and ds_config.json (JSON: no comments) only says how the saved inputs are kept.
+A plan that recomputes gets `deepspeed/README.txt` saying exactly what the script must wrap (`script_duties`), and
+`launch` prints the same as a warning.
 """
 
 from __future__ import annotations
@@ -11,8 +16,11 @@ import json
 from typing import Any
 
 from gpufleet.emit.spec import EmittedFile, LaunchSpec, TargetCannotExpress
+from gpufleet.parallel.layout import chunk_layer_counts
 
 CONFIG_FILE = "deepspeed/ds_config.json"
+#: what the training script must do that ds_config.json cannot say (written only when there is something)
+NOTES_FILE = "deepspeed/README.txt"
 ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}
 #: Placeholder optimizer so the config runs as is (judgement: AdamW at a common pre-training peak; set your own).
 PLACEHOLDER_OPTIMIZER = {"type": "AdamW", "params": {"lr": 3.0e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}
@@ -75,14 +83,50 @@ def ds_config(spec: LaunchSpec) -> dict[str, Any]:
     return config
 
 
+def script_duties(spec: LaunchSpec) -> list[str]:
+    """What the plan needs of the training script that ds_config.json cannot express, one sentence each: the
+    recompute the step and memory were priced with (which layers' forward to wrap in
+    deepspeed.checkpointing.checkpoint). Empty when the plan recomputes nothing."""
+    layout, layers = spec.layout, spec.job.model.layers
+    if layout.recompute == "none":
+        return []
+    wrap = "the training script must wrap in deepspeed.checkpointing.checkpoint"
+    if layout.recompute == "selective":
+        return [f"the plan recomputes selectively (each layer's core attention, the softmax over the scores, is "
+                f"recomputed and the rest kept) and ds_config.json cannot say so: {wrap} each layer's core attention "
+                "only, not the whole layer (DeepSpeed has no selective setting)"]
+    if layout.recompute_layers is None:
+        return [f"the plan recomputes the forward of all {layers} layers (full recompute) and ds_config.json cannot "
+                f"say which layers: {wrap} every transformer layer's forward"]
+    stages = chunk_layer_counts(layers, layout.pp) if layout.pp > 1 else (layers,)
+    per_stage = [min(layout.recompute_layers, count) for count in stages]
+    where = (f"the first {layout.recompute_layers} layers of the model" if layout.pp == 1 else
+             f"the first {layout.recompute_layers} layers of each of the {layout.pp} pipeline stages")
+    return [f"the plan recomputes the forward of exactly {sum(per_stage)} of the {layers} layers ({where}) and "
+            f"ds_config.json cannot say which layers: {wrap} exactly those layers' forward and no others (the "
+            "plan's memory and step time assume it)"]
+
+
+def _notes_file(spec: LaunchSpec) -> str:
+    lines = [f"# What gpufleet plan #{spec.rank} ({spec.layout.short()}) needs of your DeepSpeed training script",
+             "# that ds_config.json cannot express (it is JSON: it has no comments).", ""]
+    lines += [f"- {duty[0].upper()}{duty[1:]}." for duty in script_duties(spec)]
+    return "\n".join(lines) + "\n"
+
+
 class DeepSpeedEmitter:
     name = "deepspeed"
 
     def render(self, spec: LaunchSpec) -> list[EmittedFile]:
-        return [EmittedFile(CONFIG_FILE, json.dumps(ds_config(spec), indent=2) + "\n")]
+        files = [EmittedFile(CONFIG_FILE, json.dumps(ds_config(spec), indent=2) + "\n")]
+        if script_duties(spec):
+            files.append(EmittedFile(NOTES_FILE, _notes_file(spec)))
+        return files
 
     def entrypoint(self, spec: LaunchSpec, out_dir: str) -> tuple[str, ...]:
-        return ("YOUR_TRAIN_SCRIPT.py", "--deepspeed_config", f"{out_dir}/{CONFIG_FILE}")
+        """Your training script and the config, named relative to the job folder (`out_dir` is not written into
+        the command: job.sbatch and the printed start line put the folder in front, emit/start.py)."""
+        return ("YOUR_TRAIN_SCRIPT.py", "--deepspeed_config", CONFIG_FILE)
 
 
 DEEPSPEED = DeepSpeedEmitter()

@@ -20,6 +20,11 @@ PROGRAM = "pretrain_gpt.py"
 PLACEHOLDER_LR = 3.0e-4
 #: Megatron-LM's FP8 recipe for FP8 GEMMs: E4M3 forward, E5M2 gradients ("hybrid"), delayed scaling (its default).
 FP8_FORMAT, FP8_RECIPE = "hybrid", "delayed"
+#: The signal that asks the trainer to save and exit: what job.sbatch passes on before the time limit (emit/slurm.py).
+#: Megatron-LM takes it as --exit-signal-handler --exit-signal=SIGUSR1 (TrainingConfig.exit_signal_handler and
+#: exit_signal, default SIGTERM, at core_v0.16.1 and main): each iteration its DistributedSignalHandler gathers
+#: every rank's flag, and once any rank has the signal all of them save a checkpoint (--save) and exit with code 0.
+EXIT_SIGNAL = "SIGUSR1"
 
 
 def _model_args(spec: LaunchSpec) -> list[str]:
@@ -196,7 +201,8 @@ def _training_args(spec: LaunchSpec) -> list[str]:
     if precision == "fp8":
         args += [f"--fp8-format={FP8_FORMAT}", f"--fp8-recipe={FP8_RECIPE}"]
     args += [f"--save={spec.checkpoint_dir}", f"--load={spec.checkpoint_dir}",
-             f"--save-interval={spec.checkpoint_interval_steps}"]
+             f"--save-interval={spec.checkpoint_interval_steps}", "--exit-signal-handler",
+             f"--exit-signal={EXIT_SIGNAL}"]
     return args
 
 

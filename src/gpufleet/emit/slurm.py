@@ -2,10 +2,19 @@
 
 `job.sbatch` asks for whole hosts (`--exclusive`), one torchrun per host that starts a worker per GPU, the
 hosts under as few leaf switches as the fabric allows (`--switches`), and a save-then-requeue cycle before the
-time limit: Slurm signals the batch shell (`--signal=B:USR1@lead`), the shell forwards SIGUSR1 to the training
-processes (torchrun itself ignores it), waits for them to save and exit, and puts the job back in the queue
-(`--requeue`, `scontrol requeue`). Ranks follow Slurm's host order (torchrun's static rendezvous with
-`--node-rank=$SLURM_NODEID`, master on the first host), which topology/tree keeps switch-contiguous.
+time limit: Slurm signals the batch shell (`--signal=B:USR1@lead`), the shell passes SIGUSR1 to the training step
+(srun forwards it to every process of the step), waits for the trainer to save and exit, and puts the job back in
+the queue (`--requeue`, `scontrol requeue`); the next allocation resumes from that checkpoint. torchrun runs under
+a Python handler for SIGUSR1 that does nothing (it waits for its workers), not under `trap "" USR1`: an ignored
+signal stays ignored in every process started from it, so no worker could act on it. The workers start with
+SIGUSR1 at its default: Megatron-LM installs its handler (`--exit-signal-handler --exit-signal=SIGUSR1`), as does
+gpufleet's burn-in; a trainer without one (torchtitan 0.3.0) ends at once and resumes from its last periodic
+checkpoint. Ranks follow Slurm's host order (torchrun's static rendezvous with `--node-rank=$SLURM_NODEID`, master
+on the first host), which topology/tree keeps switch-contiguous.
+
+The script names no path of the machine that ran `launch`: it finds the folder it was submitted from (the job's
+`Command`, which Slurm records as the script's absolute path) as `$GPUFLEET_JOB_DIR`, puts that folder in front of
+the job's own files in the training command (DeepSpeed's config) and its `torchtitan/` on PYTHONPATH.
 
 `topology.conf` is the tree plugin's view of the fabric the planner built (`fabric.graph`): the lowest tier is
 what a job should not straddle (a leaf switch; a rail-optimized scalable unit, whose rail leaves every host
@@ -21,10 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpufleet.emit.deepspeed import script_duties
 from gpufleet.emit.hosts import HostShape, host_shape, hostlist
-from gpufleet.emit.megatron import command_environment
+from gpufleet.emit.megatron import EXIT_SIGNAL, command_environment
 from gpufleet.emit.nccl_env import shell_exports
 from gpufleet.emit.spec import EmittedFile, LaunchSpec
+from gpufleet.emit.start import in_folder, names_job_file, python_path_folders
 from gpufleet.fabric.graph import CORE, LEAF, NIC, SPINE, TIERS, FabricGraph, build_graph
 
 #: Longest wait for the --switches count: Slurm caps it at SchedulerParameters=max_switch_wait, 300 s by default
@@ -44,6 +55,14 @@ ALLOCATION_HEADROOM = 1.10
 MIN_WORK_S = 600
 #: torchrun's default master port, overridable at submit time with MASTER_PORT.
 DEFAULT_MASTER_PORT = 29500
+#: The signal Slurm sends the batch shell before the time limit, and the shell passes on to the trainer (without
+#: "SIG", as sbatch --signal and kill take it); the Megatron arguments handle the same one.
+TIME_LIMIT_SIGNAL = EXIT_SIGNAL.removeprefix("SIG")
+#: torchrun started from Python under a handler for the time-limit signal that does nothing: torchrun lives on and
+#: waits for its workers, and the workers (new processes) start with the signal at its default, not ignored.
+#: torch.distributed.run.main is what the torchrun command runs.
+TORCHRUN_MAIN = (f"import signal, sys; signal.signal(signal.{EXIT_SIGNAL}, lambda *_: None); "
+                 'sys.argv[0] = "torchrun"; from torch.distributed.run import main; main()')
 
 
 @dataclass(frozen=True)
@@ -244,7 +263,8 @@ def _header(spec: LaunchSpec, shape: HostShape) -> list[str]:
         "switch(es) of topology.conf, waiting up to 5 min for them",
         "#SBATCH --distribution=block  # consecutive ranks on the same host, hosts in topology order",
         f"#SBATCH --time={slurm_duration(time_limit_s(spec))}",
-        f"#SBATCH --signal=B:USR1@{lead}  # tell the batch shell {lead} s before the time limit: save, then requeue",
+        f"#SBATCH --signal=B:{TIME_LIMIT_SIGNAL}@{lead}  # tell the batch shell {lead} s before the time limit "
+        "(Slurm may send it up to a minute earlier): save, then requeue",
         "#SBATCH --requeue  # a node failure or preemption puts the job back in the queue; it resumes from the "
         "last checkpoint",
         "#SBATCH --output=%x-%j.out",
@@ -253,15 +273,40 @@ def _header(spec: LaunchSpec, shape: HostShape) -> list[str]:
 
 def _train_command(spec: LaunchSpec) -> list[str]:
     if spec.train_command:
-        default = " ".join(shlex.quote(word) for word in spec.train_command)
+        default = " ".join(in_folder(spec.train_command, lambda path: f'"$GPUFLEET_JOB_DIR"/{shlex.quote(path)}'))
         return [f"if [ $# -gt 0 ]; then TRAIN=(\"$@\"); else TRAIN=({default}); fi"]
     return ['if [ $# -eq 0 ]; then echo "usage: sbatch job.sbatch TRAIN_SCRIPT [ARGS...]" >&2; exit 2; fi',
             'TRAIN=("$@")']
 
 
+def _job_folder(spec: LaunchSpec) -> list[str]:
+    """Lines that find the folder launch wrote, wherever it was copied, and put what the command needs of it in
+    place. Slurm runs a copy of the script from its spool folder, so $0 is not in it; the job's Command is the path
+    sbatch was given, made absolute, then the script's arguments ($*)."""
+    lines = [
+        "# The folder launch wrote, wherever it now is: where sbatch found this script (Slurm runs a copy of it from",
+        "# its spool folder; the job's Command is the script's absolute path, then its arguments). Set",
+        "# GPUFLEET_JOB_DIR at submit time to name it yourself; a script given on standard input falls back to the",
+        "# folder sbatch ran in.",
+        'if [ -z "${GPUFLEET_JOB_DIR:-}" ]; then',
+        '  SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n \'s/^ *Command=//p\' | head -n 1)',
+        '  SCRIPT=${SCRIPT%" $*"}',
+        '  if [ -f "$SCRIPT" ]; then GPUFLEET_JOB_DIR=$(cd "$(dirname -- "$SCRIPT")" && pwd); '
+        'else GPUFLEET_JOB_DIR=$SLURM_SUBMIT_DIR; fi',
+        "fi",
+        "export GPUFLEET_JOB_DIR",
+    ]
+    for folder in python_path_folders(spec.train_command):
+        lines.append(f'export PYTHONPATH="$GPUFLEET_JOB_DIR"/{shlex.quote(folder)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+                     "  # the training command imports the job's module from there")
+    if any(names_job_file(word) for word in spec.train_command):
+        lines += [f"# DeepSpeed: {duty}." for duty in script_duties(spec)]
+    return lines
+
+
 def _body(spec: LaunchSpec, shape: HostShape) -> list[str]:
-    lead = signal_lead_s(spec)
-    torchrun = ('trap "" USR1; exec torchrun --nnodes="$SLURM_JOB_NUM_NODES" '
+    signal_name = TIME_LIMIT_SIGNAL
+    torchrun = ('exec "${TORCHRUN_PYTHON:-python3}" -c "$GPUFLEET_TORCHRUN" --nnodes="$SLURM_JOB_NUM_NODES" '
                 f'--nproc-per-node={shape.gpus_per_host} --node-rank="$SLURM_NODEID" '
                 '--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$@"')
     return [
@@ -273,6 +318,8 @@ def _body(spec: LaunchSpec, shape: HostShape) -> list[str]:
           for name, value in command_environment(spec).items()),
         f"export CHECKPOINT_DIR={shlex.quote(spec.checkpoint_dir)}  # where the trainer saves and resumes",
         "",
+        *_job_folder(spec),
+        "",
         *_train_command(spec),
         "",
         "# rendezvous: torchrun's static rendezvous, the master on the first host; node rank = Slurm's host order",
@@ -280,16 +327,23 @@ def _body(spec: LaunchSpec, shape: HostShape) -> list[str]:
         'MASTER_ADDR=$(scontrol show node "$HEAD_HOST" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         f'export MASTER_ADDR MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
         "",
-        "# Before the time limit: SIGUSR1 to every process of the training step (torchrun ignores it, the trainer",
-        "# saves a checkpoint and exits), then requeue so the next allocation resumes from that checkpoint.",
+        f"# Before the time limit: SIG{signal_name} to every process of the training step (srun forwards it). torchrun",
+        "# runs under a Python handler that ignores it and waits (python -m torch.distributed.run is torchrun; set",
+        "# TORCHRUN_PYTHON to the Python that has torch if python3 is not it), and the workers start with it at its",
+        "# default, not ignored: the trainer saves a checkpoint and exits. Then the job is requeued, and the next",
+        "# allocation resumes from that checkpoint.",
+        f"export GPUFLEET_TORCHRUN={shlex.quote(TORCHRUN_MAIN)}",
         "on_time_limit() {",
-        f'  echo "gpufleet: {lead} s to the time limit: asking the trainer to save, then requeueing" >&2',
-        '  kill -USR1 "$TRAIN_PID" 2>/dev/null',
+        f'  echo "gpufleet: SIG{signal_name}, the time limit is near: asking the trainer to save" >&2',
+        f'  kill -{signal_name} "$TRAIN_PID" 2>/dev/null',
         '  wait "$TRAIN_PID"',
+        '  echo "gpufleet: the trainer exited ($?): requeueing job $SLURM_JOB_ID" >&2',
         '  scontrol requeue "$SLURM_JOB_ID"',
         "}",
-        "trap on_time_limit USR1",
+        f"trap on_time_limit {signal_name}",
         "",
+        'echo "gpufleet: job $SLURM_JOB_ID, allocation $((${SLURM_RESTART_COUNT:-0} + 1)), folder '
+        '$GPUFLEET_JOB_DIR" >&2',
         'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 \\',
         f"  bash -c {shlex.quote(torchrun)} torchrun \"${{TRAIN[@]}}\" &",
         "TRAIN_PID=$!",

@@ -13,6 +13,12 @@ function of the step too.
 
 With --measure-host, the host is measured in rounds between steps (`measure.measure_steps`), outside the steps'
 timings, and the RNG state is set aside around each round: a measured run logs the same losses as one that is not.
+
+SIGUSR1 asks the run to save and stop: what the Slurm job `gpufleet launch` writes passes on before its time limit,
+then requeues the job, whose next allocation resumes from that checkpoint. The signal only sets a flag; the flag
+travels in the step's own loss all-reduce (no extra collective), so every rank learns at the same step that some rank
+was signalled, saves that step's checkpoint (blocking) and returns; the process exits 0. SIGTERM keeps its default:
+torchrun sends it to stop the rest of a group whose worker died.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import statistics
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +45,9 @@ from gpufleet.runtime.burnin.host_catalog import HostMeasurement
 from gpufleet.runtime.burnin.model import build_model, loss_fn
 
 LOG = logging.getLogger("gpufleet.burnin")
+#: The signal that asks the burn-in to save a checkpoint and stop (what the emitted job.sbatch passes on before
+#: Slurm's time limit; emit/slurm.py).
+STOP_SIGNAL = signal.SIGUSR1
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,8 @@ class BurninResult:
     step_s: tuple[float, ...]
     cpu_s: tuple[float, ...] = ()
     host: HostMeasurement | None = None
+    #: the signal that stopped the run early, after saving a checkpoint at last_step (None: ran to the end)
+    stopped_by: str | None = None
 
     @property
     def median_step_s(self) -> float | None:
@@ -104,9 +119,32 @@ def _resume(manager: Any, model: Any, optimizer: Any, me: Identity) -> int | Non
     return int(state["data"]["next_step"]) - 1
 
 
+class StopRequest:
+    """Whether this process got STOP_SIGNAL: a handler that only sets a flag, installed from the main thread for the
+    length of a run (the previous handler comes back afterwards)."""
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.signal = signal.Signals(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        if threading.current_thread() is not threading.main_thread():  # signal.signal works only there
+            yield self
+            return
+        previous = signal.signal(STOP_SIGNAL, self._handler)
+        try:
+            yield self
+        finally:
+            signal.signal(STOP_SIGNAL, previous)
+
+
 def _train_step(model: Any, optimizer: Any, config: BurninConfig, me: Identity, step: int, table: torch.Tensor,
-                device: torch.device, monitor: Any) -> float:
-    """One optimizer step; returns the loss averaged over every rank."""
+                device: torch.device, monitor: Any, stop: StopRequest) -> tuple[float, bool]:
+    """One optimizer step; returns the loss averaged over every rank, and whether any rank has been asked to stop
+    (the flag rides in the loss all-reduce)."""
     shape = config.shape
     inputs, targets = data.batch(config.seed, step, me.rank, config.micro_batch, shape.seq_len, shape.vocab, table)
     inputs, targets = inputs.to(device), targets.to(device)
@@ -117,14 +155,21 @@ def _train_step(model: Any, optimizer: Any, config: BurninConfig, me: Identity, 
         loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    mean = loss.detach().float().reshape(1)
-    dist.all_reduce(mean)
-    return float(mean.item()) / me.world_size
+    asked = torch.tensor([0.0 if stop.signal is None else 1.0], device=loss.device)
+    summed = torch.cat([loss.detach().float().reshape(1), asked])
+    dist.all_reduce(summed)
+    return float(summed[0].item()) / me.world_size, bool(summed[1].item() > 0)
 
 
 def run_burnin(config: BurninConfig) -> BurninResult:
     """Join the group, resume if a checkpoint exists, train to `config.steps`, checkpoint on the way; with
-    `config.measure_host`, measure the host in rounds between the steps (`measure.measure_steps`)."""
+    `config.measure_host`, measure the host in rounds between the steps (`measure.measure_steps`). On STOP_SIGNAL,
+    save the step every rank is at and return early (`stopped_by`)."""
+    with StopRequest().installed() as stop:  # first: a signal during start-up stops the run after its first step
+        return _run(config, stop)
+
+
+def _run(config: BurninConfig, stop: StopRequest) -> BurninResult:
     from gpufleet.runtime.checkpoint import CheckpointManager
     from gpufleet.runtime.monitor.step_monitor import StepMonitor
 
@@ -153,22 +198,30 @@ def run_burnin(config: BurninConfig) -> BurninResult:
         times: list[float] = []
         cpu_times: list[float] = []
         loss: float | None = None
+        last, stopped = config.steps, False
         for step in range(first, config.steps + 1):
             measuring.before(step)
             started, started_cpu = time.perf_counter(), time.process_time()
             with monitor.step(tokens=tokens):
-                loss = _train_step(model, optimizer, config, me, step, table, device, monitor)
+                loss, stopped = _train_step(model, optimizer, config, me, step, table, device, monitor, stop)
             times.append(time.perf_counter() - started)
             cpu_times.append(time.process_time() - started_cpu)
             log.write({"step": step, "loss": loss, "step_s": times[-1], "cpu_s": cpu_times[-1],
                        "tokens": tokens * me.world_size,
                        "lr": config.lr_at(step), "restart": me.restart, "resumed_from": resumed})
-            if step % config.checkpoint_every == 0 or step == config.steps:
+            if stopped or step % config.checkpoint_every == 0 or step == config.steps:
                 with monitor.checkpoint():
-                    manager.save(_state(model, optimizer, me, step), step, blocking=step == config.steps)
+                    manager.save(_state(model, optimizer, me, step), step, blocking=stopped or step == config.steps)
+            if stopped:
+                last = step
+                if me.rank == 0:
+                    LOG.warning("burn-in: %s: saved the checkpoint of step %d and stopped (run again to resume "
+                                "from it)", STOP_SIGNAL.name, step)
+                break
         manager.close()
-        return BurninResult(me.rank, me.world_size, me.restart, resumed, first, config.steps, loss, tuple(times),
-                            tuple(cpu_times), measuring.result(me))
+        return BurninResult(me.rank, me.world_size, me.restart, resumed, first, last, loss, tuple(times),
+                            tuple(cpu_times), measuring.result(me),
+                            stopped_by=STOP_SIGNAL.name if stopped else None)
     finally:
         log.close()
         if dist.is_initialized():
