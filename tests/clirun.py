@@ -114,3 +114,32 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, f"expected one line on stderr, got: {result.stderr!r}"
     assert "Traceback" not in result.stderr
     return lines[0]
+
+
+#: Run gpufleet's entry point with the modules named in argv[1] (comma-separated top-level names) not importable.
+BLOCKED_RUN = """
+import importlib.abc, sys
+blocked = set(sys.argv[1].split(","))
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocker())
+sys.argv = ["gpufleet", *sys.argv[2:]]
+from gpufleet.cli.main import run
+run()
+"""
+
+
+def run_gpufleet_without(blocked: list[str] | tuple[str, ...], *args: str, cwd: Path,
+                         env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`gpufleet ARGS` in a new process where the top-level modules `blocked` cannot be imported (as in an install
+    without the extra that brings them), with the user's catalog and torchrun variables unset."""
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in {ENV_VAR, "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
+    environment.update({"COLUMNS": "160", **(env or {})})
+    return subprocess.run([sys.executable, "-c", BLOCKED_RUN, ",".join(blocked), *args], capture_output=True,
+                          text=True, env=environment, cwd=cwd, timeout=timeout_s, check=False)

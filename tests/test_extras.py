@@ -9,47 +9,22 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from clirun import ENV_VAR, one_error_line
+from clirun import one_error_line, run_gpufleet_without
 from gpufleet.cli.output import OwnMarkupConsole, literal_brackets
 from gpufleet.extras import EXTRA_MODULES, MissingExtraError, missing_extra, require_extra
-
-#: Run gpufleet's entry point with the modules named in argv[1] (comma-separated top-level names) not importable.
-_BLOCKED_RUN = """
-import importlib.abc, sys
-blocked = set(sys.argv[1].split(","))
-
-class Blocker(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, Blocker())
-sys.argv = ["gpufleet", *sys.argv[2:]]
-from gpufleet.cli.main import run
-run()
-"""
 
 
 def _modules_of(extra: str) -> list[str]:
     return [module for module, (owner, _) in EXTRA_MODULES.items() if owner == extra]
 
 
-def _gpufleet_without(blocked: list[str], *args: str, cwd: Path,
-                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in {ENV_VAR, "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
-    environment.update({"COLUMNS": "160", **(env or {})})
-    return subprocess.run([sys.executable, "-c", _BLOCKED_RUN, ",".join(blocked), *args], capture_output=True,
-                          text=True, env=environment, cwd=cwd, timeout=120, check=False)
+
 
 
 def _launch_files(folder: Path) -> None:
@@ -91,7 +66,7 @@ CHECKED_WITHOUT_ITS_EXTRA = [("ds_config.json", "deepspeed"), ("megatron_args.tx
 def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path, args: list[str], extra: str,
                                                blocked: list[str] | None) -> None:
     _launch_files(tmp_path)
-    line = one_error_line(_gpufleet_without(blocked or _modules_of(extra), *args, cwd=tmp_path))
+    line = one_error_line(run_gpufleet_without(blocked or _modules_of(extra), *args, cwd=tmp_path))
     assert line.startswith("error: ") and "from the " + extra + " extra" in line
     assert line.endswith(f"pip install 'gpufleet[{extra}]'") or f"pip install 'gpufleet[{extra}]' (" in line
     assert not (tmp_path / "sweep.png").exists() and not (tmp_path / "profile.yaml").exists()
@@ -101,7 +76,7 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path, args: list[str], 
 @pytest.mark.parametrize(("name", "extra"), CHECKED_WITHOUT_ITS_EXTRA)
 def test_launch_check_without_a_framework_runs_and_names_its_extra(tmp_path: Path, name: str, extra: str) -> None:
     _launch_files(tmp_path)
-    ran = _gpufleet_without(_modules_of(extra), "launch", "--check", name, "--gpus", "8", "--json", cwd=tmp_path)
+    ran = run_gpufleet_without(_modules_of(extra), "launch", "--check", name, "--gpus", "8", "--json", cwd=tmp_path)
     assert ran.returncode in (0, 1), ran.stderr
     (skipped,) = json.loads(ran.stdout)["skipped"]
     assert skipped["extra"] == extra and skipped["files"] == [name]
@@ -111,7 +86,7 @@ def test_launch_check_without_a_framework_runs_and_names_its_extra(tmp_path: Pat
 @pytest.mark.slow
 def test_burnin_names_the_extra_before_asking_for_torchrun(tmp_path: Path) -> None:
     """torchrun comes with torch: telling a base install to start under torchrun would send the user in a circle."""
-    line = one_error_line(_gpufleet_without(_modules_of("runtime"), "burnin", "--steps", "2", cwd=tmp_path))
+    line = one_error_line(run_gpufleet_without(_modules_of("runtime"), "burnin", "--steps", "2", cwd=tmp_path))
     assert "torchrun" not in line and "'gpufleet[runtime]'" in line
 
 
@@ -120,12 +95,12 @@ def test_what_needs_no_extra_still_runs_without_any(tmp_path: Path) -> None:
     """The guard is where an extra is needed, not at the door: the planner, an HTML plot and the disk bench work on
     the base install."""
     every_extra = list(EXTRA_MODULES)
-    plan = _gpufleet_without(every_extra, "plan", "-m", "llama3-8b", "-t", "1T", "-g", "h100-sxm", "-n", "64-128",
+    plan = run_gpufleet_without(every_extra, "plan", "-m", "llama3-8b", "-t", "1T", "-g", "h100-sxm", "-n", "64-128",
                              "--plot", "sweep.html", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     assert "<table" in (tmp_path / "sweep.html").read_text()
     (tmp_path / "disk").mkdir()
-    disk = _gpufleet_without(every_extra, "bench", "disk", "disk", "--sizes", "1MiB", "--json", cwd=tmp_path)
+    disk = run_gpufleet_without(every_extra, "bench", "disk", "disk", "--sizes", "1MiB", "--json", cwd=tmp_path)
     assert disk.returncode == 0, disk.stderr
 
 

@@ -11,45 +11,26 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clirun import ENV_VAR, run_gpufleet
+from clirun import run_gpufleet, run_gpufleet_without
 from gpufleet.emit.read_torchtitan import assigned_values, not_installed
 
 SEED_DEEPSPEED = Path(__file__).parent / "data" / "seed_deepspeed.json"
 #: The framework modules a base install lacks (datasets: torchtitan's config registries import it).
 FRAMEWORKS = ("deepspeed", "megatron", "torchtitan", "datasets")
 
-_BLOCKED_RUN = """
-import importlib.abc, sys
-blocked = set(sys.argv[1].split(","))
-
-class Blocker(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, Blocker())
-sys.argv = ["gpufleet", *sys.argv[2:]]
-from gpufleet.cli.main import run
-run()
-"""
 
 
 def _bare(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`gpufleet ARGS` with no framework importable."""
-    environment = {key: value for key, value in os.environ.items() if key != ENV_VAR}
-    environment["COLUMNS"] = "400"  # the skipped line on one line of the terminal
-    return subprocess.run([sys.executable, "-c", _BLOCKED_RUN, ",".join(FRAMEWORKS), *args], capture_output=True,
-                          text=True, env=environment, cwd=cwd, timeout=120, check=False)
+    # the skipped line on one line of the terminal
+    return run_gpufleet_without(FRAMEWORKS, *args, cwd=cwd, env={"COLUMNS": "400"})
 
 
 def _bare_json(*args: str, cwd: Path) -> tuple[int, dict[str, Any], str]:
@@ -221,10 +202,8 @@ def test_torchtitan_without_triton_reads_the_module_and_names_the_extra(tmp_path
     registry cannot import, so the module is read statically and the skipped line names the torchtitan extra."""
     pytest.importorskip("torchtitan", reason="the torchtitan extra (scripts/test installs it)")
     (tmp_path / "titan_job.py").write_text(TITAN_JOB)
-    environment = {key: value for key, value in os.environ.items() if key != ENV_VAR}
-    ran = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, "triton", "launch", "--check", "titan_job.py",
-                          "--gpus", "8", "--json"], capture_output=True, text=True, env=environment, cwd=tmp_path,
-                         timeout=300, check=False)
+    ran = run_gpufleet_without(["triton"], "launch", "--check", "titan_job.py", "--gpus", "8", "--json", cwd=tmp_path,
+                               timeout_s=300)
     report = json.loads(ran.stdout)
     assert ran.returncode == 0 and report["problems"] == [], ran.stderr
     assert report["files"][0]["degrees"] == {"tp": 2, "pp": 1, "cp": 1, "ep": 1, "dp": 4}
