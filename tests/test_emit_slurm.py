@@ -319,6 +319,15 @@ sys.exit(0)
 """
 
 
+def _wait_for_files(slurm: SlurmCluster, job: str, folder: Path, pattern: str, count: int, deadline: float) -> None:
+    """Until the job's workers have written `count` files matching `pattern` in `folder`, while it is still queued or
+    running; its Slurm logs if it ends first or the deadline passes."""
+    while len(list(folder.glob(pattern))) < count:
+        assert time.monotonic() < deadline, slurm.logs()
+        assert slurm.job_field(job, "JobState") in ("PENDING", "RUNNING"), slurm.logs()
+        time.sleep(0.3)
+
+
 @requires_slurm
 @pytest.mark.slow
 @pytest.mark.timeout(300)
@@ -331,10 +340,7 @@ def test_time_limit_signal_saves_then_requeues(slurm64: SlurmCluster, tmp_path: 
     checkpoints.mkdir()
     job = _submit(slurm64, _small_spec(tmp_path, train, checkpoints), tmp_path, free_ports(1)[0])
     deadline = time.monotonic() + 240
-    while len(list(checkpoints.glob("ready*"))) < 4:
-        assert time.monotonic() < deadline, slurm64.logs()
-        assert slurm64.job_field(job, "JobState") in ("PENDING", "RUNNING"), slurm64.logs()
-        time.sleep(0.3)
+    _wait_for_files(slurm64, job, checkpoints, "ready*", 4, deadline)
     # what --signal=B:USR1@lead does at the time limit: signal the batch shell only
     slurm64.run("scancel", "--batch", "--signal=USR1", job)
     while int(slurm64.job_field(job, "Restarts") or 0) < 1:
@@ -376,10 +382,7 @@ def test_time_limit_signal_reaches_a_trainer_without_a_handler(slurm64: SlurmClu
     checkpoints.mkdir()
     job = _submit(slurm64, _small_spec(tmp_path, train, checkpoints), tmp_path, free_ports(1)[0])
     deadline = time.monotonic() + 240
-    while len(list(checkpoints.glob("usr1-*"))) < 4:
-        assert time.monotonic() < deadline, slurm64.logs()
-        assert slurm64.job_field(job, "JobState") in ("PENDING", "RUNNING"), slurm64.logs()
-        time.sleep(0.3)
+    _wait_for_files(slurm64, job, checkpoints, "usr1-*", 4, deadline)
     assert {p.read_text() for p in checkpoints.glob("usr1-*")} == {"SIG_DFL"}
     slurm64.run("scancel", "--batch", f"--signal={slurm.TIME_LIMIT_SIGNAL}", job)
     signalled = time.monotonic()
