@@ -124,8 +124,9 @@ def _stated(found: ReadConfig, args: dict[str, Any]) -> None:
         if isinstance(_value(args.get(dest)), int):
             found.degrees[degree] = _value(args[dest])
     layout, pp = args.get("pipeline_model_parallel_layout"), found.degrees.get("pp", 1)
-    if isinstance(layout, str) and pp >= 1 and layout_chunks(layout) % pp == 0:
-        found.degrees["vpp"] = layout_chunks(layout) // pp  # the layout sets the virtual stages
+    chunks = layout_chunks(layout) if isinstance(layout, str) else None
+    if chunks is not None and pp >= 1 and chunks % pp == 0:
+        found.degrees["vpp"] = chunks // pp  # the layout sets the virtual stages
     for attr, dest in (("micro_batch", "micro_batch_size"), ("global_batch", "global_batch_size"),
                        ("seq_len", "seq_length")):
         if isinstance(_value(args.get(dest)), int):

@@ -59,6 +59,9 @@ class StepFloor:
         self.calibration = calibration
         self.options = options
         self._per_micro_batch: dict[tuple[object, ...], tuple[float, float]] = {}
+        #: the FP8 amax wait's spread where the step adds that wait (perf/step.py _amax_sync_s), else None
+        self._amax_sigma = (options.resolved_fp8_amax_sync_sigma
+                            if job.precision == "fp8" and amax_over_replicas(options) else None)
 
     def __call__(self, layout: Layout) -> float:
         """Seconds the step of `layout` cannot go below; 0 for the layouts the argument does not cover (block
@@ -79,9 +82,7 @@ class StepFloor:
     def _amax_fraction(self, dp: int) -> float:
         """The FP8 amax wait's share of the pipeline (perf/dp_scaling.py amax_sync_fraction): the step adds
         pipeline_s x this, and pipeline_s is at least the pipeline floor; 0 where the step adds none."""
-        if self.job.precision != "fp8" or not amax_over_replicas(self.options):
-            return 0.0
-        return amax_sync_fraction(dp, self.options.resolved_fp8_amax_sync_sigma)
+        return 0.0 if self._amax_sigma is None else amax_sync_fraction(dp, self._amax_sigma)
 
     def _one_stage(self, layout: Layout, etp: int) -> tuple[float, float]:
         """(S, overhead): one micro-batch through every layer and the head, and the fixed per-step overhead."""
